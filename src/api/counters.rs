@@ -1,0 +1,124 @@
+//! Handlers for one counter and for the counters of one target.
+
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::extract::{parse_json, JsonBytes, PathParams};
+use super::model::IncrementBody;
+use super::AppState;
+use crate::domain::{Counter, CounterKey, Increment};
+use crate::error::ApiError;
+
+#[derive(Deserialize)]
+pub struct KeyPath {
+    entity: String,
+    action: String,
+    uuid: String,
+}
+
+impl KeyPath {
+    fn key(&self) -> Result<CounterKey, ApiError> {
+        CounterKey::new(&self.entity, &self.action, &self.uuid).map_err(ApiError::BadRequest)
+    }
+}
+
+pub async fn increment(
+    State(app): State<AppState>,
+    PathParams(path): PathParams<KeyPath>,
+    JsonBytes(body): JsonBytes,
+) -> Result<Json<Counter>, ApiError> {
+    add(app, path, &body, false).await
+}
+
+pub async fn decrement(
+    State(app): State<AppState>,
+    PathParams(path): PathParams<KeyPath>,
+    JsonBytes(body): JsonBytes,
+) -> Result<Json<Counter>, ApiError> {
+    add(app, path, &body, true).await
+}
+
+async fn add(
+    app: AppState,
+    path: KeyPath,
+    body: &[u8],
+    negate: bool,
+) -> Result<Json<Counter>, ApiError> {
+    let parsed: IncrementBody = if body.iter().all(u8::is_ascii_whitespace) {
+        IncrementBody::default()
+    } else {
+        parse_json(body)?
+    };
+    let spec = parsed.spec(&path.entity, &path.action, &path.uuid, negate);
+    let inc = Increment::from_spec(&spec, &app.time_policy, chrono::Utc::now())
+        .map_err(ApiError::BadRequest)?;
+    let key = inc.key.clone();
+    let applied = app.pipeline.submit(vec![inc], Some(key.clone())).await?;
+    match applied.counter {
+        Some(c) => Ok(Json(c)),
+        // A duplicate id changes nothing: answer the counter as it stands.
+        None => app
+            .store
+            .get(&key)
+            .await?
+            .map(Json)
+            .ok_or_else(|| ApiError::NotFound(format!("counter {key} has never been counted"))),
+    }
+}
+
+pub async fn get(
+    State(app): State<AppState>,
+    PathParams(path): PathParams<KeyPath>,
+) -> Result<Json<Counter>, ApiError> {
+    let key = path.key()?;
+    app.store
+        .get(&key)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("counter {key} has never been counted")))
+}
+
+#[derive(Serialize)]
+pub struct Deleted {
+    deleted: bool,
+}
+
+pub async fn delete(
+    State(app): State<AppState>,
+    PathParams(path): PathParams<KeyPath>,
+) -> Result<Json<Deleted>, ApiError> {
+    let key = path.key()?;
+    if app.store.delete(&key).await? {
+        Ok(Json(Deleted { deleted: true }))
+    } else {
+        Err(ApiError::NotFound(format!("counter {key} does not exist")))
+    }
+}
+
+#[derive(Deserialize)]
+pub struct TargetPath {
+    entity: String,
+    uuid: String,
+}
+
+#[derive(Serialize)]
+pub struct TargetCounters {
+    entity: String,
+    uuid: String,
+    counters: Vec<Counter>,
+}
+
+pub async fn target(
+    State(app): State<AppState>,
+    PathParams(path): PathParams<TargetPath>,
+) -> Result<Json<TargetCounters>, ApiError> {
+    crate::domain::validate_name("entity", &path.entity).map_err(ApiError::BadRequest)?;
+    crate::domain::validate_name("uuid", &path.uuid).map_err(ApiError::BadRequest)?;
+    let counters = app.store.target_counters(&path.entity, &path.uuid).await?;
+    Ok(Json(TargetCounters {
+        entity: path.entity,
+        uuid: path.uuid,
+        counters,
+    }))
+}

@@ -1,0 +1,97 @@
+//! Request extractors whose every rejection is an [`ApiError`], so malformed
+//! input gets the same JSON error shape as everything else.
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::{header, request::Parts};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// Path parameters; a bad one is a 400 in our shape.
+pub struct PathParams<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| PathParams(p.0))
+            .map_err(|e: PathRejection| {
+                ApiError::BadRequest(format!("bad path: {}", e.body_text()))
+            })
+    }
+}
+
+/// A request body that is JSON, sent as `application/json`, as `text/plain`
+/// (what `navigator.sendBeacon` sends for a string) or without a content type.
+/// Empty bodies are allowed; the handler decides whether it needs one.
+pub struct JsonBytes(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
+            let ct = ct.to_str().unwrap_or_default();
+            let mime = ct
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase();
+            if mime != "application/json" && mime != "text/plain" {
+                return Err(ApiError::UnsupportedMediaType(format!(
+                    "content type {ct:?} is not accepted; send application/json (or text/plain from sendBeacon)"
+                )));
+            }
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| match e {
+            BytesRejection::FailedToBufferBody(inner)
+                if inner.body_text().contains("length limit") =>
+            {
+                ApiError::PayloadTooLarge(
+                    "the request body is larger than the configured limit".into(),
+                )
+            }
+            other => ApiError::BadRequest(format!(
+                "cannot read the request body: {}",
+                other.body_text()
+            )),
+        })?;
+        Ok(JsonBytes(bytes))
+    }
+}
+
+/// Parses JSON into `T`, naming the path of the offending field on failure
+/// (`events[3].count: invalid type: floating point ...`).
+pub fn parse_json<'de, T: Deserialize<'de>>(bytes: &'de [u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de)
+        .map_err(|e| ApiError::BadRequest(describe(&e)))?;
+    de.end().map_err(|e| {
+        ApiError::BadRequest(format!(
+            "malformed JSON: trailing data after the value ({e})"
+        ))
+    })?;
+    Ok(value)
+}
+
+pub fn describe(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
+    let path = e.path().to_string();
+    let inner = e.inner();
+    let what = match inner.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+            "malformed JSON: "
+        }
+        _ => "",
+    };
+    if path == "." || path.is_empty() {
+        format!("{what}{inner}")
+    } else {
+        format!("{what}{path}: {inner}")
+    }
+}

@@ -1,0 +1,12 @@
+//! The typed domain: what a counter is, what a valid name is, and what an
+//! increment means, independent of HTTP and of any store.
+
+mod counter;
+mod event;
+mod key;
+mod time;
+
+pub use counter::{format_ms, Counter};
+pub use event::{Increment, IncrementSpec};
+pub use key::{decode_doc_id, validate_name, CounterKey, MAX_DOC_ID_BYTES, MAX_NAME_BYTES};
+pub use time::{day_of, TimePolicy};

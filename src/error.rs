@@ -1,0 +1,142 @@
+//! The one error type of the HTTP API and its one JSON shape:
+//! `{"error": {"type": "...", "reason": "...", "details": [...]}}`.
+//!
+//! Each variant has one status. Client mistakes say what was wrong with which
+//! field; internal failures are logged in full and answered without detail.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::pipeline::SubmitError;
+use crate::store::StoreError;
+
+/// One bad event of a batch: where it is and what is wrong with it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct EventError {
+    pub index: usize,
+    pub reason: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed or invalid input; the reason names the field.
+    #[error("{0}")]
+    BadRequest(String),
+    /// A batch with bad events; nothing of it was applied.
+    #[error("{} invalid event(s) in the batch; none of its events was applied", .0.len())]
+    InvalidEvents(Vec<EventError>),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// The addition would leave the signed 64-bit range; nothing was applied.
+    #[error("{0}")]
+    Overflow(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// The write queue is full.
+    #[error("the write queue is full; retry after a moment")]
+    Overloaded,
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) | ApiError::InvalidEvents(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Overflow(_) => StatusCode::CONFLICT,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Overloaded | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) => "invalid_request",
+            ApiError::InvalidEvents(_) => "invalid_events",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::Overflow(_) => "counter_overflow",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::Overloaded => "overloaded",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) => "internal_error",
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(Serialize)]
+struct Inner<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<&'a [EventError]>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if let ApiError::Internal(detail) = &self {
+            tracing::error!(detail = %detail, "internal error");
+        }
+        let details = match &self {
+            ApiError::InvalidEvents(d) => Some(d.as_slice()),
+            _ => None,
+        };
+        let body = Body {
+            error: Inner {
+                kind: self.kind(),
+                reason: self.to_string(),
+                details,
+            },
+        };
+        let mut res = (status, axum::Json(body)).into_response();
+        if matches!(self, ApiError::Overloaded) {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        res
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(m) => ApiError::Unavailable(m),
+            StoreError::Internal(m) => ApiError::Internal(m),
+        }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Overloaded => ApiError::Overloaded,
+            SubmitError::ShuttingDown => ApiError::Unavailable("the gateway is shutting down; retry on another instance".into()),
+            SubmitError::TimedOut => ApiError::Unavailable(
+                "the store did not confirm the write in time; it may or may not have been applied (send an event id to retry safely)".into(),
+            ),
+            SubmitError::Overflow(key) => ApiError::Overflow(format!(
+                "counter {key} would leave the signed 64-bit range; nothing of the request was applied"
+            )),
+            SubmitError::Store(m) => ApiError::Unavailable(format!("the store failed; nothing of the request was applied: {m}")),
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! counter-gateway: an HTTP service that counts things, exactly.
+//!
+//! A request finds its way through these modules, in order:
+//! - [`api`]: routes and thin handlers; bodies parsed into [`domain`] values;
+//! - [`domain`]: counter keys, names, increments, time rules;
+//! - [`pipeline`]: the bounded queue and the flusher that coalesces and
+//!   group-commits every request that arrived while the last flush ran;
+//! - [`store`]: the storage trait and its SQLite and Elasticsearch backends.
+//!
+//! [`error`] is the one error type of the API, [`config`] the command line,
+//! [`server`] the start-up and orderly shutdown.
+
+pub mod api;
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod metrics;
+pub mod pipeline;
+pub mod server;
+pub mod store;
+
+pub use api::{router, AppState, Limits};

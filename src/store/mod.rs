@@ -1,0 +1,67 @@
+//! Storage behind one trait, with an embedded (SQLite) and an Elasticsearch
+//! implementation. The write pipeline hands a store whole flushes; the HTTP
+//! layer reads through it. Both implementations pass the same conformance
+//! scenarios (`tests/conformance`).
+
+pub mod sqlite;
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+
+use crate::domain::{Counter, CounterKey, Increment};
+
+/// The increments of one flush, grouped by the request that sent them.
+///
+/// Requests stay separate (rather than pre-summed) because a store must drop
+/// events whose idempotency id it has seen, and because a request whose
+/// addition would overflow is refused on its own, not with its neighbours.
+#[derive(Debug, Default)]
+pub struct WriteBatch {
+    pub requests: Vec<Vec<Increment>>,
+}
+
+/// What happened to one request of a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// Durably applied; `duplicates` events were skipped as already counted.
+    Applied { duplicates: u32 },
+    /// Refused whole: applying it would take `key` outside the signed 64-bit range.
+    Overflow { key: CounterKey },
+    /// Not applied; the store gave up on it (unreachable, rejected).
+    Failed { reason: String },
+}
+
+/// The result of applying a batch: one outcome per request, in order, and the
+/// state after the flush of every counter it touched.
+#[derive(Debug, Default)]
+pub struct BatchOutcome {
+    pub requests: Vec<RequestOutcome>,
+    pub counters: HashMap<CounterKey, Counter>,
+    /// Store operations sent (rows upserted, bulk items): for metrics and benchmarks.
+    pub store_writes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store cannot be reached or is not answering; worth retrying later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// Anything else: a bug, a corrupt database, a full disk.
+    #[error("store error: {0}")]
+    Internal(String),
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Applies a batch. When it returns, every `Applied` request is durable.
+    async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError>;
+    /// One counter, or `None` if it was never counted (or was deleted).
+    async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError>;
+    /// Every counter of one target (entity + uuid), ordered by action.
+    async fn target_counters(&self, entity: &str, uuid: &str) -> Result<Vec<Counter>, StoreError>;
+    /// Removes a counter and all its histogram buckets; `false` if there was none.
+    async fn delete(&self, key: &CounterKey) -> Result<bool, StoreError>;
+    /// Whether the store answers right now (`/readyz`).
+    async fn ready(&self) -> Result<(), StoreError>;
+}

@@ -1,0 +1,467 @@
+//! The embedded store: SQLite in WAL mode, in a data directory.
+//!
+//! One writer connection applies whole flushes, one transaction and one fsync
+//! each (group commit); readers use their own connections, which WAL lets run
+//! beside the writer. Histogram buckets live in a table clustered by
+//! `(day, counter)`, so a time-window query reads only the days of its window.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use super::{BatchOutcome, RequestOutcome, Store, StoreError, WriteBatch};
+use crate::domain::{Counter, CounterKey, Increment};
+use crate::pipeline::{Coalesced, KeyDelta};
+
+/// How hard a commit insists on reaching the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Durability {
+    /// fsync on every commit: an acknowledged increment survives power loss.
+    Full,
+    /// No fsync per commit: survives a process crash, may lose the last
+    /// commits on power loss. Only ever an explicit choice.
+    Relaxed,
+}
+
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS counters (
+    cid         INTEGER PRIMARY KEY,
+    entity      TEXT    NOT NULL,
+    action      TEXT    NOT NULL,
+    uuid        TEXT    NOT NULL,
+    value       INTEGER NOT NULL,
+    category    TEXT,
+    first_ts    INTEGER NOT NULL,
+    recorded_ts INTEGER NOT NULL,
+    UNIQUE (entity, action, uuid)
+);
+CREATE INDEX IF NOT EXISTS counters_by_target ON counters (entity, uuid);
+-- Clustered by day: a window reads only its days. The (cid, day) index serves
+-- one counter's histogram and deletes; it changes only when a bucket is new.
+CREATE TABLE IF NOT EXISTS buckets (
+    day   INTEGER NOT NULL,
+    cid   INTEGER NOT NULL,
+    value INTEGER NOT NULL,
+    PRIMARY KEY (day, cid)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS buckets_by_counter ON buckets (cid, day);
+CREATE TABLE IF NOT EXISTS event_ids (
+    id      TEXT    PRIMARY KEY,
+    seen_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS event_ids_by_age ON event_ids (seen_ms);
+";
+
+/// Overflow guard for `value + excluded.value`, written so that the guard
+/// itself cannot overflow (SQLite would silently turn the sum into a REAL).
+const NO_OVERFLOW: &str = "(excluded.value >= 0 AND value <= 9223372036854775807 - excluded.value)
+    OR (excluded.value < 0 AND value >= (-9223372036854775807 - 1) - excluded.value)";
+
+fn upsert_counter_sql() -> String {
+    format!(
+        "INSERT INTO counters (entity, action, uuid, value, category, first_ts, recorded_ts)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (entity, action, uuid) DO UPDATE SET
+             value = value + excluded.value,
+             category = coalesce(excluded.category, category),
+             first_ts = min(first_ts, excluded.first_ts),
+             recorded_ts = max(recorded_ts, excluded.recorded_ts)
+         WHERE {NO_OVERFLOW}
+         RETURNING cid, value, category, first_ts, recorded_ts"
+    )
+}
+
+fn upsert_bucket_sql() -> String {
+    format!(
+        "INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)
+         ON CONFLICT (day, cid) DO UPDATE SET value = value + excluded.value
+         WHERE {NO_OVERFLOW}"
+    )
+}
+
+pub struct SqliteStore {
+    path: PathBuf,
+    writer: Arc<Mutex<Connection>>,
+    readers: Arc<Mutex<Vec<Connection>>>,
+    /// How long an idempotency id is remembered.
+    id_window_ms: i64,
+}
+
+/// Readers kept open between requests; more may be opened under load.
+const MAX_IDLE_READERS: usize = 8;
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database in `data_dir`.
+    pub fn open(
+        data_dir: &Path,
+        durability: Durability,
+        id_window: std::time::Duration,
+    ) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|e| {
+            StoreError::Internal(format!(
+                "cannot create data directory {}: {e}",
+                data_dir.display()
+            ))
+        })?;
+        let path = data_dir.join("counters.sqlite3");
+        let conn = Connection::open(&path).map_err(internal)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(internal)?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(internal)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Internal(format!(
+                "SQLite refused WAL mode (got {mode})"
+            )));
+        }
+        let sync = match durability {
+            Durability::Full => "FULL",
+            Durability::Relaxed => "NORMAL",
+        };
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous = {sync}; PRAGMA foreign_keys = OFF; PRAGMA cache_size = -65536;"
+        ))
+        .map_err(internal)?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(internal)?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::Internal(format!(
+                "database schema version {version} is newer than this build understands ({SCHEMA_VERSION})"
+            )));
+        }
+        conn.execute_batch(SCHEMA).map_err(internal)?;
+        conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
+            .map_err(internal)?;
+        Ok(SqliteStore {
+            path,
+            writer: Arc::new(Mutex::new(conn)),
+            readers: Arc::new(Mutex::new(Vec::new())),
+            id_window_ms: i64::try_from(id_window.as_millis()).unwrap_or(i64::MAX),
+        })
+    }
+
+    async fn with_writer<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let writer = self.writer.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = writer
+                .lock()
+                .map_err(|_| StoreError::Internal("writer lock poisoned".into()))?;
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
+    }
+
+    async fn with_reader<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let readers = self.readers.clone();
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let idle = readers.lock().ok().and_then(|mut r| r.pop());
+            let conn = match idle {
+                Some(c) => c,
+                None => {
+                    let c = Connection::open(&path).map_err(internal)?;
+                    c.busy_timeout(std::time::Duration::from_secs(5))
+                        .map_err(internal)?;
+                    c
+                }
+            };
+            let result = f(&conn);
+            if let Ok(mut r) = readers.lock() {
+                if r.len() < MAX_IDLE_READERS {
+                    r.push(conn);
+                }
+            }
+            result
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
+    }
+}
+
+fn internal(e: rusqlite::Error) -> StoreError {
+    StoreError::Internal(format!("sqlite: {e}"))
+}
+
+/// Why a coalesced write could not be applied as a whole.
+struct Overflowed(CounterKey);
+
+/// Upserts every key of `c` and its buckets. Stops at the first key whose
+/// result would leave the i64 range; the caller rolls back.
+fn write_coalesced(
+    tx: &Connection,
+    c: &Coalesced,
+    counters: &mut HashMap<CounterKey, Counter>,
+    writes: &mut usize,
+) -> Result<Result<(), Overflowed>, StoreError> {
+    let mut upsert = tx.prepare_cached(&upsert_counter_sql()).map_err(internal)?;
+    let mut bucket = tx.prepare_cached(&upsert_bucket_sql()).map_err(internal)?;
+    for kd in &c.keys {
+        let KeyDelta {
+            key,
+            delta,
+            category,
+            first_ms,
+            last_ms,
+            buckets,
+        } = kd;
+        let Ok(delta) = i64::try_from(*delta) else {
+            return Ok(Err(Overflowed(key.clone())));
+        };
+        let row = upsert
+            .query_row(
+                params![
+                    &*key.entity,
+                    &*key.action,
+                    &*key.uuid,
+                    delta,
+                    category.as_deref(),
+                    first_ms,
+                    last_ms
+                ],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, Option<String>>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, i64>(4)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(internal)?;
+        *writes += 1;
+        let Some((cid, value, category, first_ms, recorded_ms)) = row else {
+            return Ok(Err(Overflowed(key.clone())));
+        };
+        for &(day, d) in buckets {
+            let Ok(d) = i64::try_from(d) else {
+                return Ok(Err(Overflowed(key.clone())));
+            };
+            *writes += 1;
+            if bucket.execute(params![day, cid, d]).map_err(internal)? == 0 {
+                return Ok(Err(Overflowed(key.clone())));
+            }
+        }
+        counters.insert(
+            key.clone(),
+            Counter {
+                key: key.clone(),
+                value,
+                category,
+                first_ms,
+                recorded_ms,
+            },
+        );
+    }
+    Ok(Ok(()))
+}
+
+/// Claims the idempotency ids of `events`; returns which events were already
+/// counted (by this batch or an earlier one).
+fn claim_ids(tx: &Connection, events: &[Increment], now_ms: i64) -> Result<Vec<bool>, StoreError> {
+    let mut dup = vec![false; events.len()];
+    if events.iter().all(|e| e.id.is_none()) {
+        return Ok(dup);
+    }
+    let mut claim = tx
+        .prepare_cached("INSERT OR IGNORE INTO event_ids (id, seen_ms) VALUES (?1, ?2)")
+        .map_err(internal)?;
+    for (i, e) in events.iter().enumerate() {
+        if let Some(id) = &e.id {
+            dup[i] = claim.execute(params![&**id, now_ms]).map_err(internal)? == 0;
+        }
+    }
+    Ok(dup)
+}
+
+fn coalesce_fresh(events: &[Increment], dup: &[bool], into: &mut Coalesced) -> u32 {
+    let mut duplicates = 0;
+    for (e, &d) in events.iter().zip(dup) {
+        if d {
+            duplicates += 1;
+        } else {
+            into.add(e);
+        }
+    }
+    duplicates
+}
+
+/// The common case: the whole batch coalesced and written at once. `None`
+/// when some key would overflow: the transaction is then dropped (rolled back).
+fn apply_coalesced(
+    conn: &mut Connection,
+    batch: &WriteBatch,
+    now_ms: i64,
+) -> Result<Option<BatchOutcome>, StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(internal)?;
+    let mut out = BatchOutcome::default();
+    let mut all = Coalesced::default();
+    for events in &batch.requests {
+        let dup = claim_ids(&tx, events, now_ms)?;
+        let duplicates = coalesce_fresh(events, &dup, &mut all);
+        out.requests.push(RequestOutcome::Applied { duplicates });
+    }
+    if write_coalesced(&tx, &all, &mut out.counters, &mut out.store_writes)?.is_err() {
+        return Ok(None);
+    }
+    tx.commit().map_err(internal)?;
+    Ok(Some(out))
+}
+
+/// The rare case: some key overflowed. Each request is applied on its own,
+/// in arrival order, inside a savepoint, so exactly the requests that would
+/// overflow are refused and the others still land, in one commit.
+fn apply_one_by_one(
+    conn: &mut Connection,
+    batch: &WriteBatch,
+    now_ms: i64,
+) -> Result<BatchOutcome, StoreError> {
+    let mut tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(internal)?;
+    let mut out = BatchOutcome::default();
+    for events in &batch.requests {
+        let sp = tx.savepoint().map_err(internal)?;
+        let dup = claim_ids(&sp, events, now_ms)?;
+        let mut mine = Coalesced::default();
+        let duplicates = coalesce_fresh(events, &dup, &mut mine);
+        let mut counters = HashMap::new();
+        match write_coalesced(&sp, &mine, &mut counters, &mut out.store_writes)? {
+            Ok(()) => {
+                sp.commit().map_err(internal)?;
+                out.counters.extend(counters);
+                out.requests.push(RequestOutcome::Applied { duplicates });
+            }
+            Err(Overflowed(key)) => {
+                drop(sp); // rolls back to the savepoint
+                out.requests.push(RequestOutcome::Overflow { key });
+            }
+        }
+    }
+    tx.commit().map_err(internal)?;
+    Ok(out)
+}
+
+fn read_counter(row: &rusqlite::Row<'_>, key: CounterKey) -> rusqlite::Result<Counter> {
+    Ok(Counter {
+        key,
+        value: row.get("value")?,
+        category: row.get("category")?,
+        first_ms: row.get("first_ts")?,
+        recorded_ms: row.get("recorded_ts")?,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        let id_window_ms = self.id_window_ms;
+        self.with_writer(move |conn| {
+            let now_ms = chrono::Utc::now().timestamp_millis();
+            let out = match apply_coalesced(conn, &batch, now_ms)? {
+                Some(out) => out,
+                None => apply_one_by_one(conn, &batch, now_ms)?,
+            };
+            // Forget old idempotency ids now and then; cheap thanks to the index.
+            if now_ms % 64 == 0 {
+                conn.prepare_cached("DELETE FROM event_ids WHERE seen_ms < ?1")
+                    .and_then(|mut s| s.execute([now_ms.saturating_sub(id_window_ms)]))
+                    .map_err(internal)?;
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError> {
+        let key = key.clone();
+        self.with_reader(move |conn| {
+            conn.prepare_cached(
+                "SELECT value, category, first_ts, recorded_ts FROM counters
+                 WHERE entity = ?1 AND action = ?2 AND uuid = ?3",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![&*key.entity, &*key.action, &*key.uuid], |r| {
+                    read_counter(r, key.clone())
+                })
+                .optional()
+            })
+            .map_err(internal)
+        })
+        .await
+    }
+
+    async fn target_counters(&self, entity: &str, uuid: &str) -> Result<Vec<Counter>, StoreError> {
+        let (entity, uuid): (Arc<str>, Arc<str>) = (entity.into(), uuid.into());
+        self.with_reader(move |conn| {
+            let mut s = conn
+                .prepare_cached(
+                    "SELECT action, value, category, first_ts, recorded_ts FROM counters
+                     WHERE entity = ?1 AND uuid = ?2 ORDER BY action",
+                )
+                .map_err(internal)?;
+            let rows = s
+                .query_map(params![&*entity, &*uuid], |r| {
+                    let action: String = r.get("action")?;
+                    let key = CounterKey {
+                        entity: entity.clone(),
+                        action: action.into(),
+                        uuid: uuid.clone(),
+                    };
+                    read_counter(r, key)
+                })
+                .map_err(internal)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(internal)
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &CounterKey) -> Result<bool, StoreError> {
+        let key = key.clone();
+        self.with_writer(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(internal)?;
+            let cid: Option<i64> = tx
+                .query_row(
+                    "DELETE FROM counters WHERE entity = ?1 AND action = ?2 AND uuid = ?3 RETURNING cid",
+                    params![&*key.entity, &*key.action, &*key.uuid],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(internal)?;
+            if let Some(cid) = cid {
+                tx.execute("DELETE FROM buckets WHERE cid = ?1", [cid]).map_err(internal)?;
+            }
+            tx.commit().map_err(internal)?;
+            Ok(cid.is_some())
+        })
+        .await
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.with_reader(|conn| {
+            conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|_| ())
+            .map_err(|e| StoreError::Unavailable(format!("sqlite: {e}")))
+        })
+        .await
+    }
+}
