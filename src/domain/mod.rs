@@ -5,8 +5,10 @@ mod counter;
 mod event;
 mod key;
 mod time;
+mod window;
 
 pub use counter::{format_ms, Counter};
 pub use event::{Increment, IncrementSpec};
 pub use key::{decode_doc_id, validate_name, CounterKey, MAX_DOC_ID_BYTES, MAX_NAME_BYTES};
 pub use time::{day_of, TimePolicy};
+pub use window::{format_day, resolve as resolve_window, Resolved, Window, NAMED_INTERVALS};
