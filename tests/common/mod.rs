@@ -1,0 +1,327 @@
+//! Shared helpers of the HTTP tests: the real router over a fresh SQLite store
+//! in a temporary directory, served on a real listener on port 0, and a small
+//! client that answers `(status, headers, JSON body)`.
+
+// Each test crate uses a different part of these helpers.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use counter_gateway::domain::TimePolicy;
+use counter_gateway::metrics::Metrics;
+use counter_gateway::pipeline::{Pipeline, PipelineConfig};
+use counter_gateway::store::sqlite::{Durability, SqliteStore};
+use counter_gateway::store::Store;
+use counter_gateway::{router, AppState, Limits};
+use serde_json::Value;
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// How a test app is configured; the defaults are those of `serve`, with
+/// smaller request limits so the limits themselves are cheap to test.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub limits: Limits,
+    pub pipeline: PipelineConfig,
+    pub time_policy: TimePolicy,
+}
+
+/// Body limit of the test apps.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// Events per `POST /v1/events` in the test apps.
+pub const MAX_EVENTS: usize = 1_000;
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            limits: Limits {
+                max_body_bytes: MAX_BODY_BYTES,
+                max_events_per_request: MAX_EVENTS,
+            },
+            pipeline: PipelineConfig::default(),
+            time_policy: TimePolicy::default(),
+        }
+    }
+}
+
+/// The app served on `127.0.0.1:<free port>` over its own data directory.
+pub struct TestApp {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub state: AppState,
+    pub options: Options,
+    /// Kept alive (and removed on drop) by the app that created it.
+    dir: Arc<TempDir>,
+    server: JoinHandle<()>,
+    stop_server: oneshot::Sender<()>,
+    flusher: JoinHandle<()>,
+}
+
+/// One HTTP answer.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub text: String,
+    /// The body as JSON, `Value::Null` when it is not JSON.
+    pub json: Value,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+impl TestApp {
+    pub async fn start() -> TestApp {
+        Self::start_with(Options::default()).await
+    }
+
+    pub async fn start_with(options: Options) -> TestApp {
+        let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
+        Self::start_in(dir, options).await
+    }
+
+    async fn start_in(dir: Arc<TempDir>, options: Options) -> TestApp {
+        let store: Arc<dyn Store> = Arc::new(
+            SqliteStore::open(
+                dir.path(),
+                Durability::Full,
+                Duration::from_secs(7 * 86_400),
+            )
+            .expect("open store"),
+        );
+        let metrics = Arc::new(Metrics::default());
+        let (pipeline, flusher) =
+            Pipeline::start(store.clone(), options.pipeline.clone(), metrics.clone());
+        let state = AppState {
+            store,
+            pipeline,
+            time_policy: options.time_policy,
+            limits: options.limits,
+            metrics,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let (stop_server, stopped) = oneshot::channel::<()>();
+        let app = router(state.clone());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("serve");
+        });
+        TestApp {
+            base: format!("http://{addr}"),
+            http: client(),
+            state,
+            options,
+            dir,
+            server,
+            stop_server,
+            flusher,
+        }
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Stops in the order of the real server: no more requests, flush what
+    /// is queued, wait for the flusher. Returns the data directory.
+    pub async fn stop(self) -> (Arc<TempDir>, Options) {
+        let _ = self.stop_server.send(());
+        self.server.await.expect("server task");
+        self.state.pipeline.close();
+        self.flusher.await.expect("flusher task");
+        drop(self.state);
+        (self.dir, self.options)
+    }
+
+    /// Stops this app and starts a new one (new store, pipeline, listener)
+    /// over the same data directory.
+    pub async fn restart(self) -> TestApp {
+        let (dir, options) = self.stop().await;
+        Self::start_in(dir, options).await
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn get(&self, path: &str) -> Resp {
+        read(self.http.get(self.url(path)).send().await.expect("GET")).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Resp {
+        read(
+            self.http
+                .delete(self.url(path))
+                .send()
+                .await
+                .expect("DELETE"),
+        )
+        .await
+    }
+
+    /// POST with a JSON body (`application/json`).
+    pub async fn post(&self, path: &str, body: Value) -> Resp {
+        let req = self.http.post(self.url(path)).json(&body);
+        read(req.send().await.expect("POST")).await
+    }
+
+    /// POST without any body and without a content type.
+    pub async fn post_empty(&self, path: &str) -> Resp {
+        read(self.http.post(self.url(path)).send().await.expect("POST")).await
+    }
+
+    /// POST of raw bytes, with the given content type (none when `None`).
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        content_type: Option<&str>,
+        body: impl Into<reqwest::Body>,
+    ) -> Resp {
+        let mut req = self.http.post(self.url(path)).body(body);
+        if let Some(ct) = content_type {
+            req = req.header(reqwest::header::CONTENT_TYPE, ct);
+        }
+        read(req.send().await.expect("POST")).await
+    }
+
+    pub async fn request(&self, method: reqwest::Method, path: &str) -> Resp {
+        let req = self.http.request(method, self.url(path));
+        read(req.send().await.expect("request")).await
+    }
+
+    /// `POST .../increment` with `body`; answers the response.
+    pub async fn increment(&self, e: &str, a: &str, u: &str, body: Value) -> Resp {
+        self.post(&counter_path(e, a, u, "/increment"), body).await
+    }
+
+    /// The value of a counter read back through the API; `None` on 404.
+    pub async fn value(&self, e: &str, a: &str, u: &str) -> Option<i64> {
+        let r = self.get(&counter_path(e, a, u, "")).await;
+        match r.status {
+            200 => Some(r.json["value"].as_i64().expect("value is an i64")),
+            404 => {
+                assert_error(&r, 404, "not_found", &[]);
+                None
+            }
+            s => panic!("GET counter answered {s}: {}", r.text),
+        }
+    }
+
+    /// A metric of `/metrics`, by its exact name.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let r = self.get("/metrics").await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        metric_in(&r.text, name).unwrap_or_else(|| panic!("no metric {name} in {}", r.text))
+    }
+}
+
+/// `/v1/counters/{e}/{a}/{u}{suffix}` with each part percent-encoded.
+pub fn counter_path(e: &str, a: &str, u: &str, suffix: &str) -> String {
+    format!(
+        "/v1/counters/{}/{}/{}{suffix}",
+        encode(e),
+        encode(a),
+        encode(u)
+    )
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986).
+pub fn encode(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    for b in part.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("http client")
+}
+
+pub async fn read(res: reqwest::Response) -> Resp {
+    let status = res.status().as_u16();
+    let headers = res.headers().clone();
+    let text = res.text().await.expect("body");
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Resp {
+        status,
+        headers,
+        text,
+        json,
+    }
+}
+
+/// Asserts the one error shape, `{"error": {"type", "reason"[, "details"]}}`,
+/// with this status and type, and that the reason mentions each of `mentions`.
+pub fn assert_error(r: &Resp, status: u16, kind: &str, mentions: &[&str]) {
+    assert_eq!(r.status, status, "status of {}", r.text);
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/json"),
+        "content type of {}",
+        r.text
+    );
+    let obj = r.json.as_object().expect("a JSON object");
+    assert_eq!(obj.len(), 1, "only `error` at the top: {}", r.text);
+    let err = obj["error"].as_object().expect("error is an object");
+    assert_eq!(err["type"], kind, "type of {}", r.text);
+    let reason = err["reason"].as_str().expect("reason is a string");
+    for m in mentions {
+        assert!(
+            reason.contains(m),
+            "reason {reason:?} does not mention {m:?}"
+        );
+    }
+    for k in err.keys() {
+        assert!(
+            ["type", "reason", "details"].contains(&k.as_str()),
+            "unexpected key {k} in {}",
+            r.text
+        );
+    }
+}
+
+/// The value of a metric line `name value` in a Prometheus exposition.
+pub fn metric_in(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().ok())?
+    })
+}
+
+/// RFC 3339 with whole seconds, as a client would send it.
+pub fn rfc3339(ts: chrono::DateTime<chrono::Utc>) -> String {
+    ts.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// The same instant as the API renders it (milliseconds, `Z`).
+pub fn rendered(ts: chrono::DateTime<chrono::Utc>) -> String {
+    ts.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// Now, truncated to whole seconds.
+pub fn now_secs() -> chrono::DateTime<chrono::Utc> {
+    let now = chrono::Utc::now().timestamp();
+    chrono::DateTime::from_timestamp(now, 0).expect("now")
+}
