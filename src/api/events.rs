@@ -6,7 +6,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 
 use super::extract::{describe, parse_json, JsonBytes};
-use super::model::{EventBody, EventsAccepted, EventsBody, RawEventsBody};
+use super::model::{EventBody, EventsAccepted, EventsBody, Object, RawEventsBody};
 use super::AppState;
 use crate::domain::Increment;
 use crate::error::{ApiError, EventError};
@@ -66,9 +66,11 @@ fn explain_parse_failure(body: &[u8], app: &AppState, now: DateTime<Utc>) -> Opt
         .iter()
         .enumerate()
         .filter_map(|(index, v)| {
-            let reason = match serde_path_to_error::deserialize::<_, EventBody>(v) {
+            let reason = match serde_path_to_error::deserialize::<_, Object<EventBody>>(v) {
                 Err(e) => describe(&e),
-                Ok(event) => Increment::from_spec(&event.spec(), &app.time_policy, now).err()?,
+                Ok(Object(event)) => {
+                    Increment::from_spec(&event.spec(), &app.time_policy, now).err()?
+                }
             };
             Some(EventError { index, reason })
         })

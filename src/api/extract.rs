@@ -70,7 +70,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
 /// (`events[3].count: invalid type: floating point ...`).
 pub fn parse_json<'de, T: Deserialize<'de>>(bytes: &'de [u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de)
+    let super::model::Object(value) = serde_path_to_error::deserialize(&mut de)
         .map_err(|e| ApiError::BadRequest(describe(&e)))?;
     de.end().map_err(|e| {
         ApiError::BadRequest(format!(

@@ -4,9 +4,37 @@
 
 use std::borrow::Cow;
 
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::IncrementSpec;
+
+/// `T`, read from a JSON object only. serde's derived structs also accept an
+/// array of the fields in order (`[7]` as `{"count": 7}`), which would let a
+/// malformed body count; every body and event of the API is an object.
+pub struct Object<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData)).map(Object)
+    }
+}
+
+fn objects<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    let v = Vec::<Object<T>>::deserialize(d)?;
+    Ok(v.into_iter().map(|o| o.0).collect())
+}
 
 /// Body of `POST /v1/counters/{entity}/{action}/{uuid}/increment` (and `decrement`).
 #[derive(Debug, Default, Deserialize)]
@@ -48,7 +76,7 @@ pub struct EventBody<'a> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventsBody<'a> {
-    #[serde(borrow)]
+    #[serde(borrow, deserialize_with = "objects")]
     pub events: Vec<EventBody<'a>>,
 }
 
