@@ -3,6 +3,7 @@
 //! layer reads through it. Both implementations pass the same conformance
 //! scenarios (`tests/conformance`).
 
+pub mod elasticsearch;
 pub mod sqlite;
 
 use std::collections::HashMap;

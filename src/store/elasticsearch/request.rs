@@ -1,0 +1,589 @@
+//! Building what is sent to Elasticsearch, as pure functions: the plan of a
+//! flush (one scripted upsert per counter document and per day bucket
+//! document), its `_bulk` NDJSON body, and the bodies of reads and deletes.
+//! Contract tests compare these byte for byte (as JSON) with files under
+//! `tests/fixtures/es/`.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use crate::domain::{CounterKey, Increment, MAX_DOC_ID_BYTES};
+
+/// Index names of one tenant: `<prefix>_<tenant>_<collection>`.
+///
+/// The tenant is a value carried here rather than a constant, so that a
+/// later multi-tenant gateway only builds one `IndexNames` per tenant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexNames {
+    prefix: String,
+    tenant: String,
+}
+
+/// Why a prefix or tenant cannot name indices.
+pub fn validate_index_part(what: &str, s: &str) -> Result<(), String> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-');
+    if ok {
+        Ok(())
+    } else {
+        // `_` separates prefix, tenant and collection; allowing it would let
+        // two tenants' index names collide.
+        Err(format!(
+            "{what} {s:?} must be 1-64 characters of a-z, 0-9 and '-', not starting with '-'"
+        ))
+    }
+}
+
+impl IndexNames {
+    pub fn new(prefix: &str, tenant: &str) -> Result<Self, String> {
+        validate_index_part("index prefix", prefix)?;
+        validate_index_part("tenant", tenant)?;
+        Ok(IndexNames {
+            prefix: prefix.into(),
+            tenant: tenant.into(),
+        })
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    fn collection(&self, name: &str) -> String {
+        format!("{}_{}_{}", self.prefix, self.tenant, name)
+    }
+
+    pub fn counters(&self) -> String {
+        self.collection("counters")
+    }
+
+    /// The monthly bucket index holding UTC day `day` (days since the epoch).
+    pub fn buckets(&self, day: i64) -> String {
+        format!(
+            "{}-{}",
+            self.collection("histogram_counters"),
+            month_of(day)
+        )
+    }
+
+    /// Every bucket index of this tenant (for deletes and, later, queries).
+    pub fn buckets_pattern(&self) -> String {
+        format!("{}-*", self.collection("histogram_counters"))
+    }
+}
+
+/// `YYYY.MM` of a UTC day.
+fn month_of(day: i64) -> String {
+    day_start(day)
+        .map(|d| d.format("%Y.%m").to_string())
+        .unwrap_or_else(|| "0000.00".into())
+}
+
+fn day_start(day: i64) -> Option<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::from_timestamp(day.checked_mul(86_400)?, 0)
+}
+
+/// The `_id` of the bucket document of `counter_id` for `day`.
+///
+/// `<counter id>@YYYY-MM-DD`, readable in Kibana. A counter id may already
+/// use all 512 bytes Elasticsearch allows, so when the suffix would not fit
+/// the counter id is replaced by its SHA-256 (still injective in practice,
+/// and the document carries the plain `counter_id` field anyway).
+pub fn bucket_doc_id(counter_id: &str, day: i64) -> String {
+    let date = day_start(day)
+        .map(|d| d.format("%Y-%m-%d").to_string())
+        .unwrap_or_else(|| day.to_string());
+    if counter_id.len() + 1 + date.len() <= MAX_DOC_ID_BYTES {
+        format!("{counter_id}@{date}")
+    } else {
+        let mut hex = String::with_capacity(64);
+        for b in sha256(counter_id.as_bytes()) {
+            let _ = write!(hex, "{b:02x}");
+        }
+        format!("sha256:{hex}@{date}")
+    }
+}
+
+/// Which document a write goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Counter,
+    /// The bucket of one UTC day (days since the epoch).
+    Bucket(i64),
+}
+
+/// One event carrying an idempotency id, passed to the script on its own
+/// (`[id, delta, ts_ms, category, position]`) so the script can skip it when
+/// the document has already counted that id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IdEvent {
+    pub id: Arc<str>,
+    pub delta: i64,
+    pub ts_ms: i64,
+    pub category: Option<Arc<str>>,
+    /// Arrival position in the flush, so "last category wins" holds across
+    /// the summed part and the events with ids.
+    pub pos: u64,
+}
+
+/// The scripted upsert of one document in one flush.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DocWrite {
+    pub key: CounterKey,
+    pub target: Target,
+    /// Sum of the events without an id.
+    pub delta: i64,
+    pub first_ms: Option<i64>,
+    pub last_ms: Option<i64>,
+    /// Last category given by an event without an id, with its position.
+    pub category: Option<(Arc<str>, u64)>,
+    pub events: Vec<IdEvent>,
+    /// Ids to forget (used when undoing a write: see `mod.rs`).
+    pub forget: Vec<Arc<str>>,
+}
+
+impl DocWrite {
+    fn new(key: CounterKey, target: Target) -> Self {
+        DocWrite {
+            key,
+            target,
+            delta: 0,
+            first_ms: None,
+            last_ms: None,
+            category: None,
+            events: Vec::new(),
+            forget: Vec::new(),
+        }
+    }
+
+    /// The write that takes back what this one applied, given the event
+    /// positions the script skipped as already counted. Timestamps and the
+    /// category are not taken back: max, min and last-wins have no inverse.
+    pub fn undo(&self, skipped: &[usize]) -> DocWrite {
+        let mut delta = -i128::from(self.delta);
+        let mut forget = Vec::new();
+        for (i, e) in self.events.iter().enumerate() {
+            if !skipped.contains(&i) {
+                delta -= i128::from(e.delta);
+                forget.push(e.id.clone());
+            }
+        }
+        let mut u = DocWrite::new(self.key.clone(), self.target);
+        // Fits: it is the negation of what the document accepted.
+        u.delta = i64::try_from(delta).unwrap_or(0);
+        u.forget = forget;
+        u
+    }
+}
+
+/// The writes of a flush, and which writes each request depends on.
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    /// Per key: its counter write, then its bucket writes, keys in first-seen order.
+    pub writes: Vec<DocWrite>,
+    /// For each request, the writes it touches.
+    pub touches: Vec<Vec<usize>>,
+    /// For each request, its id events as (counter write, position in its events).
+    pub id_events: Vec<Vec<(usize, usize)>>,
+}
+
+/// A request whose summed deltas leave the i64 range before any document is
+/// read: it goes to the one-request-at-a-time path.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PlanOverflow(pub CounterKey);
+
+/// Plans one `_bulk` for `requests`: events without an id are summed per
+/// document (coalescing); events with an id are passed one by one.
+pub fn plan(requests: &[&[Increment]]) -> Result<Plan, PlanOverflow> {
+    let mut plan = Plan::default();
+    // key -> (counter write, [(day, bucket write)]) while building.
+    let mut by_key: HashMap<CounterKey, usize> = HashMap::new();
+    let mut groups: Vec<(usize, Vec<(i64, usize)>)> = Vec::new();
+    let mut writes: Vec<DocWrite> = Vec::new();
+    let mut sums: Vec<i128> = Vec::new();
+    let mut pos = 0u64;
+    for events in requests {
+        let mut touches = Vec::new();
+        let mut ids = Vec::new();
+        for inc in events.iter() {
+            let g = *by_key.entry(inc.key.clone()).or_insert_with(|| {
+                writes.push(DocWrite::new(inc.key.clone(), Target::Counter));
+                sums.push(0);
+                groups.push((writes.len() - 1, Vec::new()));
+                groups.len() - 1
+            });
+            let counter = groups[g].0;
+            let bucket = match groups[g].1.iter().find(|(d, _)| *d == inc.day) {
+                Some(&(_, w)) => w,
+                None => {
+                    writes.push(DocWrite::new(inc.key.clone(), Target::Bucket(inc.day)));
+                    sums.push(0);
+                    groups[g].1.push((inc.day, writes.len() - 1));
+                    writes.len() - 1
+                }
+            };
+            for w in [counter, bucket] {
+                let dw = &mut writes[w];
+                match &inc.id {
+                    Some(id) => {
+                        if w == counter {
+                            ids.push((w, dw.events.len()));
+                        }
+                        dw.events.push(IdEvent {
+                            id: id.clone(),
+                            delta: inc.delta,
+                            ts_ms: inc.ts_ms,
+                            category: inc.category.clone(),
+                            pos,
+                        });
+                    }
+                    None => {
+                        sums[w] += i128::from(inc.delta);
+                        dw.first_ms = Some(dw.first_ms.map_or(inc.ts_ms, |m| m.min(inc.ts_ms)));
+                        dw.last_ms = Some(dw.last_ms.map_or(inc.ts_ms, |m| m.max(inc.ts_ms)));
+                        if let Some(c) = &inc.category {
+                            dw.category = Some((c.clone(), pos));
+                        }
+                    }
+                }
+                if !touches.contains(&w) {
+                    touches.push(w);
+                }
+            }
+            pos += 1;
+        }
+        plan.touches.push(touches);
+        plan.id_events.push(ids);
+    }
+    for (w, sum) in writes.iter_mut().zip(&sums) {
+        w.delta = i64::try_from(*sum).map_err(|_| PlanOverflow(w.key.clone()))?;
+    }
+    // Lay writes out key by key: counter, then its buckets.
+    let mut order = Vec::with_capacity(writes.len());
+    for (c, buckets) in &groups {
+        order.push(*c);
+        order.extend(buckets.iter().map(|(_, w)| *w));
+    }
+    let mut new_index = vec![0; writes.len()];
+    for (new, &old) in order.iter().enumerate() {
+        new_index[old] = new;
+    }
+    let mut slots: Vec<Option<DocWrite>> = writes.into_iter().map(Some).collect();
+    plan.writes = order
+        .iter()
+        .map(|&o| slots[o].take().unwrap_or_else(|| unreachable!()))
+        .collect();
+    for t in &mut plan.touches {
+        for w in t.iter_mut() {
+            *w = new_index[*w];
+        }
+    }
+    for ids in &mut plan.id_events {
+        for (w, _) in ids.iter_mut() {
+            *w = new_index[*w];
+        }
+    }
+    Ok(plan)
+}
+
+/// What every write of one flush shares.
+#[derive(Clone, Debug)]
+pub struct WriteSettings {
+    pub counter_script: String,
+    pub bucket_script: String,
+    pub retry_on_conflict: u32,
+    /// The clock of this flush: when ids are marked seen.
+    pub now_ms: i64,
+    /// How long a seen id is remembered.
+    pub id_window_ms: i64,
+    /// Most ids remembered per document; the oldest are forgotten first.
+    pub max_ids: u32,
+}
+
+/// Fields of a counter document answered after an update.
+pub const COUNTER_FIELDS: &[&str] = &[
+    "entity",
+    "action",
+    "uuid",
+    "value",
+    "category",
+    "first_timestamp",
+    "recorded_timestamp",
+    "skipped_events",
+];
+
+/// One `update` action of a `_bulk` body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BulkAction {
+    pub index: String,
+    pub id: String,
+    pub routing: Option<String>,
+    pub body: Value,
+}
+
+/// The `update` action for one write: a scripted upsert calling a stored
+/// script by id with params only, asking back the fields it needs.
+pub fn action(w: &DocWrite, names: &IndexNames, s: &WriteSettings) -> BulkAction {
+    let counter_id = w.key.doc_id();
+    let mut p = Map::new();
+    p.insert("counter_id".into(), json!(counter_id));
+    p.insert("entity".into(), json!(&*w.key.entity));
+    p.insert("action".into(), json!(&*w.key.action));
+    p.insert("uuid".into(), json!(&*w.key.uuid));
+    if let Target::Bucket(day) = w.target {
+        p.insert("day".into(), json!(day * 86_400_000));
+    }
+    p.insert("delta".into(), json!(w.delta));
+    if let (Some(first), Some(last)) = (w.first_ms, w.last_ms) {
+        p.insert("first_ms".into(), json!(first));
+        p.insert("last_ms".into(), json!(last));
+    }
+    if let Some((c, pos)) = &w.category {
+        p.insert("category".into(), json!(&**c));
+        p.insert("category_pos".into(), json!(pos));
+    }
+    if !w.events.is_empty() {
+        let events: Vec<Value> = w
+            .events
+            .iter()
+            .map(|e| json!([&*e.id, e.delta, e.ts_ms, e.category.as_deref(), e.pos]))
+            .collect();
+        p.insert("events".into(), Value::Array(events));
+    }
+    if !w.forget.is_empty() {
+        let ids: Vec<&str> = w.forget.iter().map(|i| &**i).collect();
+        p.insert("forget".into(), json!(ids));
+    }
+    if !w.events.is_empty() || !w.forget.is_empty() {
+        p.insert("now_ms".into(), json!(s.now_ms));
+        p.insert("id_window_ms".into(), json!(s.id_window_ms));
+        p.insert("max_ids".into(), json!(s.max_ids));
+    }
+    let (index, id, routing, script, fields): (_, _, _, _, &[&str]) = match w.target {
+        Target::Counter => (
+            names.counters(),
+            counter_id.clone(),
+            None,
+            &s.counter_script,
+            COUNTER_FIELDS,
+        ),
+        Target::Bucket(day) => (
+            names.buckets(day),
+            bucket_doc_id(&counter_id, day),
+            Some(counter_id.clone()),
+            &s.bucket_script,
+            &["skipped_events"],
+        ),
+    };
+    BulkAction {
+        index,
+        id,
+        routing,
+        body: json!({
+            "scripted_upsert": true,
+            "upsert": {},
+            "script": {"id": script, "params": Value::Object(p)},
+            "_source": {"includes": fields},
+        }),
+    }
+}
+
+/// The NDJSON body of a `_bulk` request: an action line and a payload line
+/// per update, each ending in a newline (the last one included).
+pub fn bulk_body(actions: &[&BulkAction], retry_on_conflict: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(actions.len() * 512);
+    for a in actions {
+        let mut meta = Map::new();
+        meta.insert("_index".into(), json!(a.index));
+        meta.insert("_id".into(), json!(a.id));
+        if let Some(r) = &a.routing {
+            meta.insert("routing".into(), json!(r));
+        }
+        meta.insert("retry_on_conflict".into(), json!(retry_on_conflict));
+        let line = json!({ "update": Value::Object(meta) });
+        // Serializing a Value cannot fail.
+        let _ = serde_json::to_writer(&mut out, &line);
+        out.push(b'\n');
+        let _ = serde_json::to_writer(&mut out, &a.body);
+        out.push(b'\n');
+    }
+    out
+}
+
+/// The search for every counter of one target, ordered by action.
+///
+/// Capped at 10,000 (Elasticsearch's default result window): one target has
+/// a handful of counters, never thousands.
+pub fn target_query(entity: &str, uuid: &str) -> Value {
+    json!({
+        "size": 10000,
+        "query": {"bool": {"filter": [
+            {"term": {"entity": entity}},
+            {"term": {"uuid": uuid}}
+        ]}},
+        "sort": [{"action": "asc"}],
+        "_source": {"includes": &COUNTER_FIELDS[..7]}
+    })
+}
+
+/// The delete-by-query of every bucket of one counter (sent with
+/// `routing=<counter id>`, so it visits one shard per bucket index).
+pub fn buckets_of_counter_query(counter_id: &str) -> Value {
+    json!({"query": {"term": {"counter_id": counter_id}}})
+}
+
+/// Percent-encodes one path segment (a document id may hold `/`, `?`, `%`, ...).
+pub fn encode_path_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// SHA-256 (FIPS 180-4), only for over-long bucket ids; small enough to keep
+/// here rather than pull in a crate.
+pub fn sha256(data: &[u8]) -> [u8; 32] {
+    const K: [u32; 64] = [
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
+        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
+        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
+        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
+        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
+        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
+        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+        0xc67178f2,
+    ];
+    let mut h: [u32; 8] = [
+        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+        0x5be0cd19,
+    ];
+    let mut msg = data.to_vec();
+    let bit_len = (data.len() as u64).wrapping_mul(8);
+    msg.push(0x80);
+    while msg.len() % 64 != 56 {
+        msg.push(0);
+    }
+    msg.extend_from_slice(&bit_len.to_be_bytes());
+    for chunk in msg.chunks(64) {
+        let mut w = [0u32; 64];
+        for i in 0..16 {
+            w[i] = u32::from_be_bytes([
+                chunk[4 * i],
+                chunk[4 * i + 1],
+                chunk[4 * i + 2],
+                chunk[4 * i + 3],
+            ]);
+        }
+        for i in 16..64 {
+            let s0 = w[i - 15].rotate_right(7) ^ w[i - 15].rotate_right(18) ^ (w[i - 15] >> 3);
+            let s1 = w[i - 2].rotate_right(17) ^ w[i - 2].rotate_right(19) ^ (w[i - 2] >> 10);
+            w[i] = w[i - 16]
+                .wrapping_add(s0)
+                .wrapping_add(w[i - 7])
+                .wrapping_add(s1);
+        }
+        let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut hh] = h;
+        for i in 0..64 {
+            let s1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
+            let ch = (e & f) ^ (!e & g);
+            let t1 = hh
+                .wrapping_add(s1)
+                .wrapping_add(ch)
+                .wrapping_add(K[i])
+                .wrapping_add(w[i]);
+            let s0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
+            let maj = (a & b) ^ (a & c) ^ (b & c);
+            let t2 = s0.wrapping_add(maj);
+            hh = g;
+            g = f;
+            f = e;
+            e = d.wrapping_add(t1);
+            d = c;
+            c = b;
+            b = a;
+            a = t1.wrapping_add(t2);
+        }
+        for (x, y) in h.iter_mut().zip([a, b, c, d, e, f, g, hh]) {
+            *x = x.wrapping_add(y);
+        }
+    }
+    let mut out = [0u8; 32];
+    for (i, v) in h.iter().enumerate() {
+        out[4 * i..4 * i + 4].copy_from_slice(&v.to_be_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(b: [u8; 32]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    #[test]
+    fn sha256_matches_the_standard_vectors() {
+        assert_eq!(
+            hex(sha256(b"")),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            hex(sha256(b"abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            hex(sha256(
+                b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
+            )),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+        );
+    }
+
+    #[test]
+    fn index_names_follow_the_layout() {
+        let n = IndexNames::new("counter-gateway", "default").unwrap();
+        assert_eq!(n.counters(), "counter-gateway_default_counters");
+        // 2026-11-30 is day 20_787.
+        assert_eq!(
+            n.buckets(20_787),
+            "counter-gateway_default_histogram_counters-2026.11"
+        );
+        assert!(IndexNames::new("Counter", "default").is_err());
+        assert!(IndexNames::new("cg", "a_b").is_err());
+    }
+
+    #[test]
+    fn bucket_ids_stay_within_512_bytes() {
+        assert_eq!(
+            bucket_doc_id("VIDEO_VIEW_x", 20_787),
+            "VIDEO_VIEW_x@2026-11-30"
+        );
+        let long = "x".repeat(510);
+        let id = bucket_doc_id(&long, 20_787);
+        assert!(id.starts_with("sha256:") && id.len() <= 512, "{id}");
+        assert_ne!(id, bucket_doc_id(&"y".repeat(510), 20_787));
+    }
+
+    #[test]
+    fn path_segments_are_escaped() {
+        assert_eq!(encode_path_segment("a/b?c%5F d"), "a%2Fb%3Fc%255F%20d");
+        assert_eq!(encode_path_segment("VIDEO_VIEW_1-2"), "VIDEO_VIEW_1-2");
+    }
+}

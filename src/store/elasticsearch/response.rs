@@ -1,0 +1,271 @@
+//! Reading Elasticsearch answers: each `_bulk` item classified from its
+//! `(status, error)` alone (a pure function, tested with captured shapes),
+//! and the documents of get and search answers turned into counters.
+
+use serde_json::Value;
+
+use crate::domain::{Counter, CounterKey};
+
+/// The marker the stored scripts put in front of an overflow message, so an
+/// overflow is told apart from every other script failure.
+pub const OVERFLOW_MARKER: &str = "counter_overflow:";
+
+/// What to do about one bulk item.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ItemClass {
+    /// Applied (`created`, `updated` or `noop`).
+    Done,
+    /// Not applied, worth resending after a pause: 429 (back-pressure), 5xx,
+    /// or a 409 version conflict that outlived `retry_on_conflict`.
+    Retry(String),
+    /// Not applied: the script refused the addition as out of the i64 range.
+    Overflow(String),
+    /// Not applied and resending would not help (mapping, script, 4xx).
+    Rejected(String),
+}
+
+/// Classifies one item of a `_bulk` answer.
+pub fn classify_item(status: u16, error: Option<&Value>) -> ItemClass {
+    let reason = || describe_error(error);
+    match status {
+        200..=299 => ItemClass::Done,
+        429 | 409 | 500..=599 => ItemClass::Retry(format!("{status} {}", reason())),
+        _ => {
+            if let Some(msg) = error.and_then(find_overflow) {
+                ItemClass::Overflow(msg)
+            } else {
+                ItemClass::Rejected(format!("{status} {}", reason()))
+            }
+        }
+    }
+}
+
+/// Classifies a whole `_bulk` answer that is not a 200 (the request itself
+/// was refused, so no item of it was applied).
+pub fn classify_request(status: u16, body: &Value) -> ItemClass {
+    let error = body.get("error");
+    match status {
+        429 | 500..=599 => ItemClass::Retry(format!("{status} {}", describe_error(error))),
+        _ => ItemClass::Rejected(format!("{status} {}", describe_error(error))),
+    }
+}
+
+/// `type: reason`, followed by the innermost cause, which is where a script
+/// failure says what actually went wrong.
+pub fn describe_error(error: Option<&Value>) -> String {
+    let Some(e) = error else {
+        return "(no error detail)".into();
+    };
+    if let Some(s) = e.as_str() {
+        return s.to_string();
+    }
+    let part = |v: &Value| {
+        format!(
+            "{}: {}",
+            v.get("type").and_then(Value::as_str).unwrap_or("unknown"),
+            v.get("reason").and_then(Value::as_str).unwrap_or("")
+        )
+    };
+    let mut out = part(e);
+    let mut inner = e;
+    while let Some(c) = inner.get("caused_by") {
+        inner = c;
+    }
+    if !std::ptr::eq(inner, e) {
+        out.push_str(" (caused by ");
+        out.push_str(&part(inner));
+        out.push(')');
+    }
+    out
+}
+
+/// The overflow message in an error or any of its causes.
+fn find_overflow(error: &Value) -> Option<String> {
+    let mut cur = Some(error);
+    while let Some(e) = cur {
+        if let Some(r) = e.get("reason").and_then(Value::as_str) {
+            if let Some(pos) = r.find(OVERFLOW_MARKER) {
+                return Some(r[pos + OVERFLOW_MARKER.len()..].trim().to_string());
+            }
+        }
+        cur = e.get("caused_by");
+    }
+    None
+}
+
+/// One item of a parsed `_bulk` answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ItemResult {
+    pub class: ItemClass,
+    /// The document after the update, when `_source` was asked for.
+    pub source: Option<Value>,
+}
+
+/// Parses a 200 `_bulk` answer into one result per item sent, in order.
+/// `Err` when the answer does not match what was sent (then nothing can be
+/// said of any item, and nothing is acknowledged).
+pub fn parse_bulk(body: &Value, sent: usize) -> Result<Vec<ItemResult>, String> {
+    let items = body
+        .get("items")
+        .and_then(Value::as_array)
+        .ok_or("the _bulk answer has no items array")?;
+    if items.len() != sent {
+        return Err(format!(
+            "the _bulk answer has {} items for {sent} sent",
+            items.len()
+        ));
+    }
+    items
+        .iter()
+        .map(|item| {
+            let (_, inner) = item
+                .as_object()
+                .and_then(|o| o.iter().next())
+                .ok_or("a _bulk item is not an object")?;
+            let status = inner
+                .get("status")
+                .and_then(Value::as_u64)
+                .and_then(|s| u16::try_from(s).ok())
+                .ok_or("a _bulk item has no status")?;
+            Ok(ItemResult {
+                class: classify_item(status, inner.get("error")),
+                source: inner.pointer("/get/_source").cloned(),
+            })
+        })
+        .collect()
+}
+
+/// Positions (in `params.events`) the script skipped as already counted.
+pub fn skipped_events(source: Option<&Value>) -> Vec<usize> {
+    source
+        .and_then(|s| s.get("skipped_events"))
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_u64)
+                .filter_map(|n| usize::try_from(n).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn as_i64(v: Option<&Value>) -> Option<i64> {
+    let v = v?;
+    v.as_i64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+}
+
+/// A timestamp as stored: epoch milliseconds (what the scripts write) or an
+/// RFC 3339 string (what a person might index by hand).
+fn as_ms(v: Option<&Value>) -> Option<i64> {
+    as_i64(v).or_else(|| {
+        v?.as_str()
+            .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+            .map(|t| t.timestamp_millis())
+    })
+}
+
+/// A counter document's `_source`, read into a counter. `None` when it lacks
+/// the fields every counter document has.
+pub fn counter_from_source(source: &Value) -> Option<Counter> {
+    let part = |name: &str| source.get(name).and_then(Value::as_str);
+    let key = CounterKey {
+        entity: part("entity")?.into(),
+        action: part("action")?.into(),
+        uuid: part("uuid")?.into(),
+    };
+    let recorded_ms = as_ms(source.get("recorded_timestamp"))?;
+    Some(Counter {
+        key,
+        value: as_i64(source.get("value"))?,
+        category: part("category").map(str::to_string),
+        first_ms: as_ms(source.get("first_timestamp")).unwrap_or(recorded_ms),
+        recorded_ms,
+    })
+}
+
+/// The counter of a realtime `GET /<index>/_doc/<id>` answer (status 200 or
+/// 404); `None` when not found.
+pub fn counter_from_get(status: u16, body: &Value) -> Result<Option<Counter>, String> {
+    match status {
+        200 if body.get("found") == Some(&Value::Bool(true)) => body
+            .get("_source")
+            .and_then(counter_from_source)
+            .map(Some)
+            .ok_or_else(|| "the counter document lacks required fields".into()),
+        200 | 404 if body.get("found") == Some(&Value::Bool(false)) => Ok(None),
+        // The index does not exist yet: nothing was ever counted.
+        404 if error_type(body) == Some("index_not_found_exception") => Ok(None),
+        _ => Err(format!(
+            "get answered {status} {}",
+            describe_error(body.get("error"))
+        )),
+    }
+}
+
+/// The counters of a `_search` answer, in hit order.
+pub fn counters_from_search(body: &Value) -> Result<Vec<Counter>, String> {
+    let hits = body
+        .pointer("/hits/hits")
+        .and_then(Value::as_array)
+        .ok_or("the search answer has no hits")?;
+    hits.iter()
+        .map(|h| {
+            h.get("_source")
+                .and_then(counter_from_source)
+                .ok_or_else(|| "a counter document lacks required fields".to_string())
+        })
+        .collect()
+}
+
+pub fn error_type(body: &Value) -> Option<&str> {
+    body.pointer("/error/type").and_then(Value::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn statuses_map_to_classes() {
+        assert_eq!(classify_item(200, None), ItemClass::Done);
+        assert_eq!(classify_item(201, None), ItemClass::Done);
+        let rejected =
+            json!({"type": "es_rejected_execution_exception", "reason": "rejected execution"});
+        assert!(matches!(
+            classify_item(429, Some(&rejected)),
+            ItemClass::Retry(_)
+        ));
+        assert!(matches!(classify_item(503, None), ItemClass::Retry(_)));
+        assert!(matches!(classify_item(409, None), ItemClass::Retry(_)));
+        let mapper =
+            json!({"type": "strict_dynamic_mapping_exception", "reason": "mapping set to strict"});
+        assert!(matches!(
+            classify_item(400, Some(&mapper)),
+            ItemClass::Rejected(_)
+        ));
+    }
+
+    #[test]
+    fn overflow_is_found_in_the_innermost_cause() {
+        let e = json!({
+            "type": "illegal_argument_exception",
+            "reason": "failed to execute script",
+            "caused_by": {"type": "script_exception", "reason": "runtime error",
+                "caused_by": {"type": "illegal_argument_exception",
+                    "reason": "counter_overflow: counter x would leave the signed 64-bit range"}}
+        });
+        assert_eq!(
+            classify_item(400, Some(&e)),
+            ItemClass::Overflow("counter x would leave the signed 64-bit range".into())
+        );
+        // Any other script failure is a rejection, not an overflow.
+        let other = json!({"type": "illegal_argument_exception", "reason": "failed to execute script",
+            "caused_by": {"type": "script_exception", "reason": "compile error"}});
+        assert!(matches!(
+            classify_item(400, Some(&other)),
+            ItemClass::Rejected(_)
+        ));
+    }
+}

@@ -1,0 +1,255 @@
+//! The files of `index-templates/` (stored scripts, ILM policy, component and
+//! composable index templates), named after the index prefix and installed
+//! idempotently: each carries a version, an installed copy at the same or a
+//! newer version is left alone, an older one is replaced.
+
+use serde_json::{json, Value};
+
+use super::request::IndexNames;
+
+/// Bumped with any change to the scripts' behaviour; part of their ids, so
+/// gateways of two versions can run side by side during an upgrade.
+pub const SCRIPT_VERSION: u32 = 1;
+
+const COUNTER_SCRIPT: &str =
+    include_str!("../../../index-templates/scripts/counter-update.painless");
+const BUCKET_SCRIPT: &str = include_str!("../../../index-templates/scripts/bucket-update.painless");
+const ILM_BUCKETS: &str = include_str!("../../../index-templates/ilm/bucket-retention.json");
+
+const COMPONENTS: &[(&str, &str)] = &[
+    (
+        "settings",
+        include_str!("../../../index-templates/component/settings.json"),
+    ),
+    (
+        "counter-mappings",
+        include_str!("../../../index-templates/component/counter-mappings.json"),
+    ),
+    (
+        "bucket-mappings",
+        include_str!("../../../index-templates/component/bucket-mappings.json"),
+    ),
+    (
+        "average-mappings",
+        include_str!("../../../index-templates/component/average-mappings.json"),
+    ),
+    (
+        "average-bucket-mappings",
+        include_str!("../../../index-templates/component/average-bucket-mappings.json"),
+    ),
+];
+
+/// `(collection, time-based?, file)`.
+const INDEX_TEMPLATES: &[(&str, bool, &str)] = &[
+    (
+        "counters",
+        false,
+        include_str!("../../../index-templates/index/counters.json"),
+    ),
+    (
+        "histogram_counters",
+        true,
+        include_str!("../../../index-templates/index/histogram_counters.json"),
+    ),
+    (
+        "average_counters",
+        false,
+        include_str!("../../../index-templates/index/average_counters.json"),
+    ),
+    (
+        "average_histogram_counters",
+        true,
+        include_str!("../../../index-templates/index/average_histogram_counters.json"),
+    ),
+];
+
+/// The stored script id of the counter update for this prefix.
+pub fn counter_script_id(prefix: &str) -> String {
+    format!("{prefix}-counter-update-v{SCRIPT_VERSION}")
+}
+
+pub fn bucket_script_id(prefix: &str) -> String {
+    format!("{prefix}-bucket-update-v{SCRIPT_VERSION}")
+}
+
+pub fn ilm_policy_name(prefix: &str) -> String {
+    format!("{prefix}-bucket-retention")
+}
+
+/// What kind of object a step installs: decides how its installed version is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Script,
+    IlmPolicy,
+    ComponentTemplate,
+    IndexTemplate,
+}
+
+/// One object to install: `PUT path body`, unless the copy at `path` is current.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub kind: Kind,
+    pub name: String,
+    pub path: String,
+    pub body: Value,
+}
+
+impl Step {
+    /// Our version of the object (scripts: their source, compared whole).
+    fn version(&self) -> Option<u64> {
+        match self.kind {
+            Kind::Script => None,
+            Kind::IlmPolicy => self
+                .body
+                .pointer("/policy/_meta/version")
+                .and_then(Value::as_u64),
+            Kind::ComponentTemplate | Kind::IndexTemplate => {
+                self.body.get("version").and_then(Value::as_u64)
+            }
+        }
+    }
+
+    /// Whether the installed copy, as a `GET path` answered it (status and
+    /// body), must be replaced. Pure, so it is tested with captured answers.
+    pub fn needs_install(&self, status: u16, installed: &Value) -> Install {
+        if status == 404 {
+            return Install::Missing;
+        }
+        let theirs = match self.kind {
+            Kind::Script => {
+                let same =
+                    installed.pointer("/script/source") == self.body.pointer("/script/source");
+                return if installed.get("found") == Some(&Value::Bool(true)) && same {
+                    Install::Current
+                } else {
+                    Install::Outdated
+                };
+            }
+            Kind::IlmPolicy => installed
+                .get(&self.name)
+                .and_then(|p| p.pointer("/policy/_meta/version"))
+                .and_then(Value::as_u64),
+            Kind::ComponentTemplate => installed
+                .pointer("/component_templates/0/component_template/version")
+                .and_then(Value::as_u64),
+            Kind::IndexTemplate => installed
+                .pointer("/index_templates/0/index_template/version")
+                .and_then(Value::as_u64),
+        };
+        match (theirs, self.version()) {
+            (Some(t), Some(o)) if t == o => Install::Current,
+            (Some(t), Some(o)) if t > o => Install::Newer,
+            _ => Install::Outdated,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Install {
+    Missing,
+    Outdated,
+    Current,
+    /// Installed by a newer gateway: left alone.
+    Newer,
+}
+
+fn parse(file: &str, what: &str) -> Value {
+    // The files are compiled in and checked by the contract tests.
+    serde_json::from_str(file).unwrap_or_else(|e| panic!("index-templates/{what} is not JSON: {e}"))
+}
+
+/// Every step of `setup`, in install order: scripts and the ILM policy
+/// before the templates that name them, component templates before the
+/// index templates composed of them.
+pub fn steps(names: &IndexNames) -> Vec<Step> {
+    let prefix = names.prefix();
+    let mut out = Vec::new();
+    for (id, source) in [
+        (counter_script_id(prefix), COUNTER_SCRIPT),
+        (bucket_script_id(prefix), BUCKET_SCRIPT),
+    ] {
+        out.push(Step {
+            kind: Kind::Script,
+            path: format!("/_scripts/{id}"),
+            name: id,
+            body: json!({"script": {"lang": "painless", "source": source}}),
+        });
+    }
+    let ilm = ilm_policy_name(prefix);
+    out.push(Step {
+        kind: Kind::IlmPolicy,
+        path: format!("/_ilm/policy/{ilm}"),
+        name: ilm.clone(),
+        body: parse(ILM_BUCKETS, "ilm/bucket-retention.json"),
+    });
+    for (name, file) in COMPONENTS {
+        let full = format!("{prefix}-{name}");
+        out.push(Step {
+            kind: Kind::ComponentTemplate,
+            path: format!("/_component_template/{full}"),
+            name: full,
+            body: parse(file, name),
+        });
+    }
+    for (collection, time_based, file) in INDEX_TEMPLATES {
+        let mut body = parse(file, collection);
+        let pattern = if *time_based {
+            format!("{prefix}_*_{collection}-*")
+        } else {
+            format!("{prefix}_*_{collection}")
+        };
+        body["index_patterns"] = json!([pattern]);
+        if let Some(parts) = body.get_mut("composed_of").and_then(Value::as_array_mut) {
+            for p in parts {
+                if let Some(s) = p.as_str() {
+                    *p = json!(format!("{prefix}-{s}"));
+                }
+            }
+        }
+        if *time_based {
+            body["template"]["settings"]["index.lifecycle.name"] = json!(ilm);
+        }
+        let full = format!("{prefix}-{collection}");
+        out.push(Step {
+            kind: Kind::IndexTemplate,
+            path: format!("/_index_template/{full}"),
+            name: full,
+            body,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_parses_and_steps_are_ordered() {
+        let names = IndexNames::new("counter-gateway", "default").unwrap();
+        let s = steps(&names);
+        assert_eq!(s.len(), 2 + 1 + COMPONENTS.len() + INDEX_TEMPLATES.len());
+        assert_eq!(s[0].path, "/_scripts/counter-gateway-counter-update-v1");
+        assert_eq!(s.last().unwrap().kind, Kind::IndexTemplate);
+    }
+
+    #[test]
+    fn versions_decide_what_is_installed() {
+        let names = IndexNames::new("cg", "default").unwrap();
+        let s = steps(&names);
+        let comp = s
+            .iter()
+            .find(|s| s.kind == Kind::ComponentTemplate)
+            .unwrap();
+        let at = |v: u64| json!({"component_templates": [{"name": comp.name, "component_template": {"version": v, "template": {}}}]});
+        assert_eq!(comp.needs_install(404, &json!({})), Install::Missing);
+        assert_eq!(comp.needs_install(200, &at(1)), Install::Current);
+        assert_eq!(comp.needs_install(200, &at(0)), Install::Outdated);
+        assert_eq!(comp.needs_install(200, &at(7)), Install::Newer);
+        let script = &s[0];
+        let same = json!({"_id": script.name, "found": true, "script": {"lang": "painless", "source": script.body["script"]["source"]}});
+        assert_eq!(script.needs_install(200, &same), Install::Current);
+        let other = json!({"_id": script.name, "found": true, "script": {"lang": "painless", "source": "x"}});
+        assert_eq!(script.needs_install(200, &other), Install::Outdated);
+    }
+}
