@@ -2,7 +2,7 @@
 //! input gets the same JSON error shape as everything else.
 
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::{header, request::Parts};
 use serde::de::DeserializeOwned;
@@ -22,6 +22,24 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
             .map(|p| PathParams(p.0))
             .map_err(|e: PathRejection| {
                 ApiError::BadRequest(format!("bad path: {}", e.body_text()))
+            })
+    }
+}
+
+/// Query-string parameters; an unknown or repeated one is a 400 in our shape
+/// naming it. Give `T` `#[serde(deny_unknown_fields)]` and string fields, and
+/// parse values in the handler, so each error can name its parameter.
+pub struct QueryParams<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| QueryParams(q.0))
+            .map_err(|e: QueryRejection| {
+                ApiError::BadRequest(format!("bad query string: {}", e.body_text()))
             })
     }
 }

@@ -2,11 +2,14 @@
 //! request into domain values, calls the pipeline or the store, and maps the
 //! answer; it holds no storage logic.
 
+mod averages;
 mod counters;
 mod events;
 mod extract;
 mod model;
 mod ops;
+mod queries;
+mod reports;
 
 use std::sync::Arc;
 
@@ -67,6 +70,21 @@ pub fn router(state: AppState) -> Router {
             get(counters::target),
         )
         .route("/v1/events", post(events::post))
+        .route(
+            "/v1/counters/{entity}/{action}/{uuid}/histogram",
+            get(queries::histogram),
+        )
+        .route("/v1/top/{entity}/{action}", get(queries::top))
+        .route(
+            "/v1/top-averages/{entity}/{action}",
+            get(queries::top_averages),
+        )
+        .route(
+            "/v1/averages/{entity}/{action}/{uuid}",
+            get(averages::get).post(averages::post),
+        )
+        .route("/v1/reports/stale", get(reports::stale))
+        .route("/v1/reports/unused", get(reports::unused))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

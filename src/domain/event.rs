@@ -37,6 +37,19 @@ pub struct Increment {
     pub day: i64,
     /// Idempotency id: a second event with the same id is counted once.
     pub id: Option<Arc<str>>,
+    /// What `delta` adds to: a counter's value, or an average's sum.
+    pub kind: Kind,
+}
+
+/// What an increment adds to. Averages ride the same pipeline as counters
+/// (same queue, coalescing and group commit) but land in their own table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A counter: `delta` is added to its value.
+    Counter,
+    /// An average counter: `delta` is added to its sum and `quantity` (1 for
+    /// a sample, -1 for a retraction) to its number of samples.
+    Sample { quantity: i8 },
 }
 
 impl Increment {
@@ -87,6 +100,7 @@ impl Increment {
             ts_ms: ts.timestamp_millis(),
             day: day_of(ts),
             id,
+            kind: Kind::Counter,
         })
     }
 }

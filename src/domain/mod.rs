@@ -1,14 +1,16 @@
 //! The typed domain: what a counter is, what a valid name is, and what an
 //! increment means, independent of HTTP and of any store.
 
+mod average;
 mod counter;
 mod event;
 mod key;
 mod time;
 mod window;
 
+pub use average::SampleSpec;
 pub use counter::{format_ms, Counter};
-pub use event::{Increment, IncrementSpec};
+pub use event::{Increment, IncrementSpec, Kind};
 pub use key::{decode_doc_id, validate_name, CounterKey, MAX_DOC_ID_BYTES, MAX_NAME_BYTES};
 pub use time::{day_of, TimePolicy};
 pub use window::{format_day, resolve as resolve_window, Resolved, Window, NAMED_INTERVALS};

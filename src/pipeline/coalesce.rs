@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::domain::{CounterKey, Increment};
+use crate::domain::{CounterKey, Increment, Kind};
 
 /// The summed effect of a flush on one counter.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,12 +22,29 @@ pub struct KeyDelta {
     pub buckets: Vec<(i64, i128)>,
 }
 
+/// The summed effect of a flush on one average counter.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AverageDelta {
+    pub key: CounterKey,
+    pub sum: i128,
+    pub quantity: i128,
+    pub category: Option<Arc<str>>,
+    pub first_ms: i64,
+    pub last_ms: i64,
+    /// `(utc day, sum, quantity)` per day touched, in first-touch order.
+    pub buckets: Vec<(i64, i128, i128)>,
+}
+
 /// The deltas of a flush, in the order their keys were first seen, so the
 /// requests a store sends are deterministic.
 #[derive(Debug, Default)]
 pub struct Coalesced {
     pub keys: Vec<KeyDelta>,
     index: HashMap<CounterKey, usize>,
+    /// Average samples, apart from counters: a key may name both a counter
+    /// and an average. Empty (and never allocated) without samples.
+    pub averages: Vec<AverageDelta>,
+    average_index: HashMap<CounterKey, usize>,
     /// Increments that went in; `increments / keys.len()` is the coalescing ratio.
     pub increments: usize,
 }
@@ -35,6 +52,9 @@ pub struct Coalesced {
 impl Coalesced {
     pub fn add(&mut self, inc: &Increment) {
         self.increments += 1;
+        if let Kind::Sample { quantity } = inc.kind {
+            return self.add_sample(inc, quantity);
+        }
         if let Some(&i) = self.index.get(&inc.key) {
             let kd = &mut self.keys[i];
             kd.delta += i128::from(inc.delta);
@@ -60,8 +80,43 @@ impl Coalesced {
         });
     }
 
+    /// Kept out of `add` so the counter path stays as it was.
+    #[cold]
+    fn add_sample(&mut self, inc: &Increment, quantity: i8) {
+        let (sum, quantity) = (i128::from(inc.delta), i128::from(quantity));
+        if let Some(&i) = self.average_index.get(&inc.key) {
+            let ad = &mut self.averages[i];
+            ad.sum += sum;
+            ad.quantity += quantity;
+            if inc.category.is_some() {
+                ad.category.clone_from(&inc.category);
+            }
+            ad.first_ms = ad.first_ms.min(inc.ts_ms);
+            ad.last_ms = ad.last_ms.max(inc.ts_ms);
+            match ad.buckets.iter_mut().find(|(day, _, _)| *day == inc.day) {
+                Some((_, s, q)) => {
+                    *s += sum;
+                    *q += quantity;
+                }
+                None => ad.buckets.push((inc.day, sum, quantity)),
+            }
+            return;
+        }
+        self.average_index
+            .insert(inc.key.clone(), self.averages.len());
+        self.averages.push(AverageDelta {
+            key: inc.key.clone(),
+            sum,
+            quantity,
+            category: inc.category.clone(),
+            first_ms: inc.ts_ms,
+            last_ms: inc.ts_ms,
+            buckets: vec![(inc.day, sum, quantity)],
+        });
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.is_empty() && self.averages.is_empty()
     }
 }
 
@@ -112,6 +167,35 @@ mod tests {
         assert_eq!(a.first_ms, events[2].ts_ms);
         assert_eq!(a.last_ms, events[3].ts_ms.max(events[0].ts_ms));
         assert_eq!(c.keys[1].delta, 5);
+    }
+
+    #[test]
+    fn samples_coalesce_apart_from_counters_with_the_same_key() {
+        use crate::domain::SampleSpec;
+        let sample = |value, retract| {
+            let spec = SampleSpec {
+                entity: "VIDEO",
+                action: "VIEW",
+                uuid: "a",
+                value,
+                retract,
+                ..Default::default()
+            };
+            Increment::sample(&spec, &TimePolicy::default(), Utc::now()).unwrap()
+        };
+        let events = [
+            inc("a", 1, None, None),
+            sample(4, false),
+            sample(2, false),
+            sample(4, true),
+        ];
+        let c = coalesce(&events);
+        assert_eq!(c.keys.len(), 1);
+        assert_eq!(c.keys[0].delta, 1);
+        assert_eq!(c.averages.len(), 1);
+        let a = &c.averages[0];
+        assert_eq!((a.sum, a.quantity), (2, 1));
+        assert_eq!(a.buckets, vec![(events[1].day, 2, 1)]);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-pub use coalesce::{coalesce, Coalesced, KeyDelta};
+pub use coalesce::{coalesce, AverageDelta, Coalesced, KeyDelta};
 
 use crate::domain::{Counter, CounterKey, Increment};
 use crate::metrics::Metrics;

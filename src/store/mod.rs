@@ -4,13 +4,18 @@
 //! scenarios (`tests/conformance`).
 
 pub mod elasticsearch;
+pub mod query;
 pub mod sqlite;
 
 use std::collections::HashMap;
 
 use async_trait::async_trait;
 
-use crate::domain::{Counter, CounterKey, Increment};
+use crate::domain::{Counter, CounterKey, Increment, Window};
+pub use query::{
+    Average, AverageEntry, StaleQuery, TopAverages, TopAveragesQuery, TopEntry, TopList, TopQuery,
+    UnusedPair,
+};
 
 /// The increments of one flush, grouped by the request that sent them.
 ///
@@ -65,4 +70,57 @@ pub trait Store: Send + Sync + 'static {
     async fn delete(&self, key: &CounterKey) -> Result<bool, StoreError>;
     /// Whether the store answers right now (`/readyz`).
     async fn ready(&self) -> Result<(), StoreError>;
+
+    /// The day buckets of one counter inside `window`, by day; `None` if the
+    /// counter does not exist.
+    async fn histogram(
+        &self,
+        _key: &CounterKey,
+        _window: Window,
+    ) -> Result<Option<Vec<Bucket>>, StoreError> {
+        Err(not_yet("histogram"))
+    }
+
+    /// The highest counters; see [`TopQuery`] for the order.
+    async fn top(&self, _query: &TopQuery) -> Result<TopList, StoreError> {
+        Err(not_yet("top"))
+    }
+
+    /// Counters untouched since a cut-off, oldest first, one page.
+    async fn stale(&self, _query: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
+        Err(not_yet("stale"))
+    }
+
+    /// Entity/action pairs none of whose counters was touched since `before_ms`.
+    async fn unused(&self, _before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
+        Err(not_yet("unused"))
+    }
+
+    /// One average counter, all time or inside `window`; `None` if it never
+    /// had a sample (or was deleted).
+    async fn average(
+        &self,
+        _key: &CounterKey,
+        _window: Option<Window>,
+    ) -> Result<Option<Average>, StoreError> {
+        Err(not_yet("average"))
+    }
+
+    /// The highest averages; see [`TopAveragesQuery`] for the order.
+    async fn top_averages(&self, _query: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
+        Err(not_yet("top_averages"))
+    }
+}
+
+/// A store method's default while a backend has not implemented it.
+fn not_yet(method: &str) -> StoreError {
+    StoreError::Internal(format!("{method} is not supported by this store yet"))
+}
+
+/// One day bucket of a counter's histogram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    /// UTC day, days since 1970-01-01.
+    pub day: i64,
+    pub value: i64,
 }

@@ -12,8 +12,11 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::{BatchOutcome, RequestOutcome, Store, StoreError, WriteBatch};
-use crate::domain::{Counter, CounterKey, Increment};
+use super::{
+    Average, BatchOutcome, Bucket, RequestOutcome, StaleQuery, Store, StoreError, TopAverages,
+    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
+};
+use crate::domain::{Counter, CounterKey, Increment, Window};
 use crate::pipeline::{Coalesced, KeyDelta};
 
 /// How hard a commit insists on reaching the disk.
@@ -26,7 +29,10 @@ pub enum Durability {
     Relaxed,
 }
 
-const SCHEMA_VERSION: i64 = 1;
+mod queries;
+
+/// 2: indexes for top lists and reports, average counters (`queries::SCHEMA_V2`).
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS counters (
@@ -137,6 +143,7 @@ impl SqliteStore {
             )));
         }
         conn.execute_batch(SCHEMA).map_err(internal)?;
+        conn.execute_batch(queries::SCHEMA_V2).map_err(internal)?;
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
             .map_err(internal)?;
         Ok(SqliteStore {
@@ -267,6 +274,11 @@ fn write_coalesced(
                 recorded_ms,
             },
         );
+    }
+    if !c.averages.is_empty() {
+        if let Err(key) = queries::write_averages(tx, &c.averages, writes)? {
+            return Ok(Err(Overflowed(key)));
+        }
     }
     Ok(Ok(()))
 }
@@ -463,5 +475,46 @@ impl Store for SqliteStore {
             .map_err(|e| StoreError::Unavailable(format!("sqlite: {e}")))
         })
         .await
+    }
+
+    async fn histogram(
+        &self,
+        key: &CounterKey,
+        window: Window,
+    ) -> Result<Option<Vec<Bucket>>, StoreError> {
+        let key = key.clone();
+        self.with_reader(move |c| queries::histogram(c, &key, window))
+            .await
+    }
+
+    async fn top(&self, query: &TopQuery) -> Result<TopList, StoreError> {
+        let query = query.clone();
+        self.with_reader(move |c| queries::top(c, &query)).await
+    }
+
+    async fn stale(&self, query: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
+        let query = query.clone();
+        self.with_reader(move |c| queries::stale(c, &query)).await
+    }
+
+    async fn unused(&self, before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
+        self.with_reader(move |c| queries::unused(c, before_ms))
+            .await
+    }
+
+    async fn average(
+        &self,
+        key: &CounterKey,
+        window: Option<Window>,
+    ) -> Result<Option<Average>, StoreError> {
+        let key = key.clone();
+        self.with_reader(move |c| queries::average(c, &key, window))
+            .await
+    }
+
+    async fn top_averages(&self, query: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
+        let query = query.clone();
+        self.with_reader(move |c| queries::top_averages(c, &query))
+            .await
     }
 }

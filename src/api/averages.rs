@@ -1,0 +1,130 @@
+//! Average counters (ratings): add or retract a sample, read one average.
+//! Samples go through the write pipeline like increments, so they are
+//! coalesced and durable before the answer.
+
+use std::borrow::Cow;
+
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::extract::{parse_json, JsonBytes, PathParams, QueryParams};
+use super::queries::{mean, window, KeyPath, WindowJson};
+use super::AppState;
+use crate::domain::{format_ms, Increment, Resolved, SampleSpec};
+use crate::error::ApiError;
+use crate::store::Average;
+
+/// Body of `POST /v1/averages/{entity}/{action}/{uuid}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SampleBody<'a> {
+    /// The sample, e.g. a rating of 4.
+    pub value: i64,
+    /// Takes back one earlier sample of `value` (sum -= value, quantity -= 1),
+    /// e.g. when a user withdraws a rating.
+    #[serde(default)]
+    pub retract: bool,
+    #[serde(default, borrow)]
+    pub category: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub timestamp: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub id: Option<Cow<'a, str>>,
+}
+
+#[derive(Serialize)]
+pub struct AverageJson {
+    id: String,
+    entity: String,
+    action: String,
+    uuid: String,
+    #[serde(flatten)]
+    window: WindowJson,
+    sum: i64,
+    quantity: i64,
+    /// `sum / quantity`; `null` without samples.
+    average: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    category: Option<String>,
+    first_timestamp: String,
+    recorded_timestamp: String,
+}
+
+impl AverageJson {
+    fn new(a: Average, resolved: Resolved) -> Self {
+        AverageJson {
+            id: a.key.doc_id(),
+            entity: a.key.entity.to_string(),
+            action: a.key.action.to_string(),
+            uuid: a.key.uuid.to_string(),
+            window: resolved.into(),
+            average: mean(a.sum, a.quantity),
+            sum: a.sum,
+            quantity: a.quantity,
+            category: a.category,
+            first_timestamp: format_ms(a.first_ms),
+            recorded_timestamp: format_ms(a.recorded_ms),
+        }
+    }
+}
+
+/// Adds (or retracts) one sample and answers the all-time average after it.
+pub async fn post(
+    State(app): State<AppState>,
+    PathParams(path): PathParams<KeyPath>,
+    JsonBytes(body): JsonBytes,
+) -> Result<Json<AverageJson>, ApiError> {
+    let key = path.key()?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::BadRequest(
+            "value is required: send {\"value\": 4}".into(),
+        ));
+    }
+    let b: SampleBody = parse_json(&body)?;
+    let spec = SampleSpec {
+        entity: &key.entity,
+        action: &key.action,
+        uuid: &key.uuid,
+        value: b.value,
+        retract: b.retract,
+        category: b.category.as_deref(),
+        timestamp: b.timestamp.as_deref(),
+        id: b.id.as_deref(),
+    };
+    let inc = Increment::sample(&spec, &app.time_policy, chrono::Utc::now())
+        .map_err(ApiError::BadRequest)?;
+    app.pipeline.submit(vec![inc], None).await?;
+    let all = window(None, None, None)?;
+    let avg = app
+        .store
+        .average(&key, None)
+        .await?
+        .ok_or_else(|| ApiError::Internal(format!("average {key} missing after its write")))?;
+    Ok(Json(AverageJson::new(avg, all)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AverageParams {
+    interval: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+}
+
+/// `GET /v1/averages/{entity}/{action}/{uuid}`: sum, quantity and average,
+/// all time (default) or inside a window.
+pub async fn get(
+    State(app): State<AppState>,
+    PathParams(path): PathParams<KeyPath>,
+    QueryParams(p): QueryParams<AverageParams>,
+) -> Result<Json<AverageJson>, ApiError> {
+    let key = path.key()?;
+    let resolved = window(p.interval.as_deref(), p.from.as_deref(), p.to.as_deref())?;
+    let avg = app
+        .store
+        .average(&key, resolved.window)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("average {key} has never had a sample")))?;
+    Ok(Json(AverageJson::new(avg, resolved)))
+}

@@ -1,0 +1,334 @@
+//! Read handlers over time: one counter's histogram and the top lists of
+//! counters and averages. Query parameters are parsed here into the store's
+//! typed queries; each bad one is a 400 that names it.
+
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::extract::{PathParams, QueryParams};
+use super::AppState;
+use crate::domain::{
+    day_of, format_day, resolve_window, validate_name, CounterKey, Resolved, Window,
+};
+use crate::error::ApiError;
+use crate::store::{TopAveragesQuery, TopQuery};
+
+/// Largest `size` of a top list.
+pub const MAX_TOP_SIZE: usize = 1000;
+
+#[derive(Deserialize)]
+pub struct KeyPath {
+    entity: String,
+    action: String,
+    uuid: String,
+}
+
+impl KeyPath {
+    pub fn key(&self) -> Result<CounterKey, ApiError> {
+        CounterKey::new(&self.entity, &self.action, &self.uuid).map_err(ApiError::BadRequest)
+    }
+}
+
+#[derive(Deserialize)]
+pub struct PairPath {
+    entity: String,
+    action: String,
+}
+
+impl PairPath {
+    fn validated(self) -> Result<(String, String), ApiError> {
+        validate_name("entity", &self.entity).map_err(ApiError::BadRequest)?;
+        validate_name("action", &self.action).map_err(ApiError::BadRequest)?;
+        Ok((self.entity, self.action))
+    }
+}
+
+/// The UTC day of the server clock: what windows are resolved against.
+pub fn today() -> i64 {
+    day_of(chrono::Utc::now())
+}
+
+pub fn window(
+    interval: Option<&str>,
+    from: Option<&str>,
+    to: Option<&str>,
+) -> Result<Resolved, ApiError> {
+    resolve_window(interval, from, to, today()).map_err(ApiError::BadRequest)
+}
+
+/// A positive integer parameter within `1..=max`, or `default` when absent.
+pub fn positive(field: &str, raw: Option<&str>, default: i64, max: i64) -> Result<i64, ApiError> {
+    let Some(raw) = raw else { return Ok(default) };
+    match raw.parse::<i64>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        Ok(n) => Err(ApiError::BadRequest(format!(
+            "{field} is {n}; it must be between 1 and {max}"
+        ))),
+        Err(_) => Err(ApiError::BadRequest(format!(
+            "{field} {raw:?} is not an integer"
+        ))),
+    }
+}
+
+fn size(raw: Option<&str>) -> Result<usize, ApiError> {
+    positive("size", raw, 10, MAX_TOP_SIZE as i64).map(|n| n as usize)
+}
+
+fn category(raw: Option<String>) -> Result<Option<String>, ApiError> {
+    if let Some(c) = &raw {
+        validate_name("category", c).map_err(ApiError::BadRequest)?;
+    }
+    Ok(raw)
+}
+
+/// The window an answer was computed over, flattened into it.
+#[derive(Serialize)]
+pub struct WindowJson {
+    interval: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    to: Option<String>,
+}
+
+impl From<Resolved> for WindowJson {
+    fn from(r: Resolved) -> Self {
+        WindowJson {
+            interval: r.interval,
+            from: r.window.map(|w| format_day(w.from_day)),
+            to: r.window.map(|w| format_day(w.to_day)),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistogramParams {
+    interval: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct BucketJson {
+    day: String,
+    value: i64,
+}
+
+#[derive(Serialize)]
+pub struct HistogramJson {
+    id: String,
+    entity: String,
+    action: String,
+    uuid: String,
+    #[serde(flatten)]
+    window: WindowJson,
+    /// Sum of the buckets; `i128` since a sum of `i64` buckets may leave `i64`.
+    total: i128,
+    buckets: Vec<BucketJson>,
+}
+
+/// `GET /v1/counters/{entity}/{action}/{uuid}/histogram`: the counter's day
+/// buckets inside a window (default `last_month`; `all` is the retention).
+pub async fn histogram(
+    State(app): State<AppState>,
+    PathParams(path): PathParams<KeyPath>,
+    QueryParams(p): QueryParams<HistogramParams>,
+) -> Result<Json<HistogramJson>, ApiError> {
+    let key = path.key()?;
+    let interval = match (&p.interval, &p.from, &p.to) {
+        (None, None, None) => Some("last_month"),
+        (i, _, _) => i.as_deref(),
+    };
+    let mut resolved = window(interval, p.from.as_deref(), p.to.as_deref())?;
+    let w = *resolved.window.get_or_insert_with(|| {
+        let today = today();
+        Window {
+            from_day: today - i64::from(app.time_policy.retention_days),
+            to_day: today,
+        }
+    });
+    let buckets = app
+        .store
+        .histogram(&key, w)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("counter {key} has never been counted")))?;
+    Ok(Json(HistogramJson {
+        id: key.doc_id(),
+        entity: path.entity,
+        action: path.action,
+        uuid: path.uuid,
+        window: resolved.into(),
+        total: buckets.iter().map(|b| i128::from(b.value)).sum(),
+        buckets: buckets
+            .into_iter()
+            .map(|b| BucketJson {
+                day: format_day(b.day),
+                value: b.value,
+            })
+            .collect(),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopParams {
+    interval: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    category: Option<String>,
+    size: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct TopEntryJson {
+    id: String,
+    uuid: String,
+    value: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    category: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct TopJson {
+    entity: String,
+    action: String,
+    #[serde(flatten)]
+    window: WindowJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    category: Option<String>,
+    size: usize,
+    /// Whether the list is exact rather than approximated from partial sums.
+    exact: bool,
+    counters: Vec<TopEntryJson>,
+}
+
+fn doc_id(entity: &str, action: &str, uuid: &str) -> String {
+    CounterKey {
+        entity: entity.into(),
+        action: action.into(),
+        uuid: uuid.into(),
+    }
+    .doc_id()
+}
+
+/// `GET /v1/top/{entity}/{action}`: the highest counters, all time or
+/// summed over a window; ties by uuid ascending.
+pub async fn top(
+    State(app): State<AppState>,
+    PathParams(path): PathParams<PairPath>,
+    QueryParams(p): QueryParams<TopParams>,
+) -> Result<Json<TopJson>, ApiError> {
+    let (entity, action) = path.validated()?;
+    let resolved = window(p.interval.as_deref(), p.from.as_deref(), p.to.as_deref())?;
+    let query = TopQuery {
+        entity,
+        action,
+        window: resolved.window,
+        category: category(p.category)?,
+        size: size(p.size.as_deref())?,
+    };
+    let list = app.store.top(&query).await?;
+    Ok(Json(TopJson {
+        counters: list
+            .entries
+            .into_iter()
+            .map(|e| TopEntryJson {
+                id: doc_id(&query.entity, &query.action, &e.uuid),
+                uuid: e.uuid,
+                value: e.value,
+                category: e.category,
+            })
+            .collect(),
+        entity: query.entity,
+        action: query.action,
+        window: resolved.into(),
+        category: query.category,
+        size: query.size,
+        exact: list.exact,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopAveragesParams {
+    interval: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    category: Option<String>,
+    size: Option<String>,
+    min_quantity: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct AverageEntryJson {
+    id: String,
+    uuid: String,
+    sum: i64,
+    quantity: i64,
+    average: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    category: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct TopAveragesJson {
+    entity: String,
+    action: String,
+    #[serde(flatten)]
+    window: WindowJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    category: Option<String>,
+    min_quantity: i64,
+    size: usize,
+    exact: bool,
+    averages: Vec<AverageEntryJson>,
+}
+
+/// `sum / quantity`, undefined without samples.
+pub fn mean(sum: i64, quantity: i64) -> Option<f64> {
+    (quantity != 0).then(|| sum as f64 / quantity as f64)
+}
+
+/// `GET /v1/top-averages/{entity}/{action}`: the highest averages among those
+/// with at least `min_quantity` samples (default 1); ties by quantity
+/// descending, then uuid ascending.
+pub async fn top_averages(
+    State(app): State<AppState>,
+    PathParams(path): PathParams<PairPath>,
+    QueryParams(p): QueryParams<TopAveragesParams>,
+) -> Result<Json<TopAveragesJson>, ApiError> {
+    let (entity, action) = path.validated()?;
+    let resolved = window(p.interval.as_deref(), p.from.as_deref(), p.to.as_deref())?;
+    let query = TopAveragesQuery {
+        entity,
+        action,
+        window: resolved.window,
+        category: category(p.category)?,
+        min_quantity: positive("min_quantity", p.min_quantity.as_deref(), 1, i64::MAX)?,
+        size: size(p.size.as_deref())?,
+    };
+    let list = app.store.top_averages(&query).await?;
+    Ok(Json(TopAveragesJson {
+        averages: list
+            .entries
+            .into_iter()
+            .map(|e| AverageEntryJson {
+                id: doc_id(&query.entity, &query.action, &e.uuid),
+                uuid: e.uuid,
+                sum: e.sum,
+                quantity: e.quantity,
+                average: mean(e.sum, e.quantity),
+                category: e.category,
+            })
+            .collect(),
+        entity: query.entity,
+        action: query.action,
+        window: resolved.into(),
+        category: query.category,
+        min_quantity: query.min_quantity,
+        size: query.size,
+        exact: list.exact,
+    }))
+}

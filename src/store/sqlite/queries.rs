@@ -1,0 +1,407 @@
+//! The read queries of the embedded store (histograms, top lists, reports,
+//! averages) and the write of average samples, as SQL over the schema of
+//! `sqlite.rs`. Each function runs on a connection it is handed, so the
+//! store decides which (a reader, or the writer inside its transaction).
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::internal;
+use crate::domain::{Counter, CounterKey, Window};
+use crate::pipeline::AverageDelta;
+use crate::store::{
+    Average, AverageEntry, Bucket, StaleQuery, StoreError, TopAverages, TopAveragesQuery, TopEntry,
+    TopList, TopQuery, UnusedPair,
+};
+
+/// Schema added in version 2: the indexes behind top lists and reports, and
+/// the average counters with their day buckets (laid out like `counters` and
+/// `buckets`).
+pub(super) const SCHEMA_V2: &str = "
+-- All-time top lists read this index in order and stop after `size` rows.
+CREATE INDEX IF NOT EXISTS counters_top ON counters (entity, action, value DESC, uuid);
+-- Stale reports walk this index from the oldest touch.
+CREATE INDEX IF NOT EXISTS counters_by_recorded ON counters (recorded_ts);
+CREATE TABLE IF NOT EXISTS averages (
+    aid         INTEGER PRIMARY KEY,
+    entity      TEXT    NOT NULL,
+    action      TEXT    NOT NULL,
+    uuid        TEXT    NOT NULL,
+    sum         INTEGER NOT NULL,
+    quantity    INTEGER NOT NULL,
+    category    TEXT,
+    first_ts    INTEGER NOT NULL,
+    recorded_ts INTEGER NOT NULL,
+    UNIQUE (entity, action, uuid)
+);
+CREATE TABLE IF NOT EXISTS average_buckets (
+    day      INTEGER NOT NULL,
+    aid      INTEGER NOT NULL,
+    sum      INTEGER NOT NULL,
+    quantity INTEGER NOT NULL,
+    PRIMARY KEY (day, aid)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS average_buckets_by_average ON average_buckets (aid, day);
+";
+
+/// Guards `sum + excluded.sum` and `quantity + excluded.quantity` against
+/// leaving i64, written so the guard itself cannot overflow.
+fn no_overflow(col: &str) -> String {
+    format!(
+        "((excluded.{col} >= 0 AND {col} <= 9223372036854775807 - excluded.{col})
+          OR (excluded.{col} < 0 AND {col} >= (-9223372036854775807 - 1) - excluded.{col}))"
+    )
+}
+
+/// Upserts the coalesced average samples of a flush. `Err(key)` names the
+/// first average whose sum or quantity would leave i64; the caller rolls back.
+pub(super) fn write_averages(
+    tx: &Connection,
+    averages: &[AverageDelta],
+    writes: &mut usize,
+) -> Result<Result<(), CounterKey>, StoreError> {
+    let mut upsert = tx
+        .prepare_cached(&format!(
+            "INSERT INTO averages (entity, action, uuid, sum, quantity, category, first_ts, recorded_ts)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             ON CONFLICT (entity, action, uuid) DO UPDATE SET
+                 sum = sum + excluded.sum,
+                 quantity = quantity + excluded.quantity,
+                 category = coalesce(excluded.category, category),
+                 first_ts = min(first_ts, excluded.first_ts),
+                 recorded_ts = max(recorded_ts, excluded.recorded_ts)
+             WHERE {} AND {}
+             RETURNING aid",
+            no_overflow("sum"),
+            no_overflow("quantity")
+        ))
+        .map_err(internal)?;
+    let mut bucket = tx
+        .prepare_cached(&format!(
+            "INSERT INTO average_buckets (day, aid, sum, quantity) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (day, aid) DO UPDATE SET
+                 sum = sum + excluded.sum, quantity = quantity + excluded.quantity
+             WHERE {} AND {}",
+            no_overflow("sum"),
+            no_overflow("quantity")
+        ))
+        .map_err(internal)?;
+    for a in averages {
+        let (Ok(sum), Ok(quantity)) = (i64::try_from(a.sum), i64::try_from(a.quantity)) else {
+            return Ok(Err(a.key.clone()));
+        };
+        *writes += 1;
+        let aid: Option<i64> = upsert
+            .query_row(
+                params![
+                    &*a.key.entity,
+                    &*a.key.action,
+                    &*a.key.uuid,
+                    sum,
+                    quantity,
+                    a.category.as_deref(),
+                    a.first_ms,
+                    a.last_ms
+                ],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(internal)?;
+        let Some(aid) = aid else {
+            return Ok(Err(a.key.clone()));
+        };
+        for &(day, s, q) in &a.buckets {
+            let (Ok(s), Ok(q)) = (i64::try_from(s), i64::try_from(q)) else {
+                return Ok(Err(a.key.clone()));
+            };
+            *writes += 1;
+            if bucket.execute(params![day, aid, s, q]).map_err(internal)? == 0 {
+                return Ok(Err(a.key.clone()));
+            }
+        }
+    }
+    Ok(Ok(()))
+}
+
+pub(super) fn histogram(
+    conn: &Connection,
+    key: &CounterKey,
+    window: Window,
+) -> Result<Option<Vec<Bucket>>, StoreError> {
+    let cid: Option<i64> = conn
+        .prepare_cached("SELECT cid FROM counters WHERE entity = ?1 AND action = ?2 AND uuid = ?3")
+        .and_then(|mut s| {
+            s.query_row(params![&*key.entity, &*key.action, &*key.uuid], |r| {
+                r.get(0)
+            })
+            .optional()
+        })
+        .map_err(internal)?;
+    let Some(cid) = cid else { return Ok(None) };
+    let mut s = conn
+        .prepare_cached(
+            "SELECT day, value FROM buckets INDEXED BY buckets_by_counter
+             WHERE cid = ?1 AND day BETWEEN ?2 AND ?3 ORDER BY day",
+        )
+        .map_err(internal)?;
+    let rows = s
+        .query_map(params![cid, window.from_day, window.to_day], |r| {
+            Ok(Bucket {
+                day: r.get(0)?,
+                value: r.get(1)?,
+            })
+        })
+        .map_err(internal)?;
+    rows.collect::<Result<Vec<_>, _>>()
+        .map(Some)
+        .map_err(internal)
+}
+
+fn limit(size: usize) -> i64 {
+    i64::try_from(size).unwrap_or(i64::MAX)
+}
+
+/// All time: an ordered walk of `counters_top`, stopping after `size` rows
+/// (a category filter skips rows of other categories on the way).
+/// A window: the sum of the window's buckets per counter of the pair.
+pub(super) fn top(conn: &Connection, q: &TopQuery) -> Result<TopList, StoreError> {
+    let read = |r: &rusqlite::Row<'_>| {
+        Ok(TopEntry {
+            uuid: r.get(0)?,
+            value: r.get(1)?,
+            category: r.get(2)?,
+        })
+    };
+    let entries = match q.window {
+        None => {
+            let mut s = conn
+                .prepare_cached(
+                    "SELECT uuid, value, category FROM counters INDEXED BY counters_top
+                     WHERE entity = ?1 AND action = ?2 AND (?3 IS NULL OR category = ?3)
+                     ORDER BY value DESC, uuid LIMIT ?4",
+                )
+                .map_err(internal)?;
+            let rows = s
+                .query_map(params![q.entity, q.action, q.category, limit(q.size)], read)
+                .map_err(internal)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(internal)?
+        }
+        Some(w) => {
+            let mut s = conn
+                .prepare_cached(
+                    "SELECT c.uuid, sum(b.value) AS total, c.category
+                     FROM buckets b JOIN counters c ON c.cid = b.cid
+                     WHERE b.day BETWEEN ?3 AND ?4 AND c.entity = ?1 AND c.action = ?2
+                       AND (?5 IS NULL OR c.category = ?5)
+                     GROUP BY b.cid ORDER BY total DESC, c.uuid LIMIT ?6",
+                )
+                .map_err(internal)?;
+            let rows = s
+                .query_map(
+                    params![
+                        q.entity,
+                        q.action,
+                        w.from_day,
+                        w.to_day,
+                        q.category,
+                        limit(q.size)
+                    ],
+                    read,
+                )
+                .map_err(internal)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(internal)?
+        }
+    };
+    Ok(TopList {
+        entries,
+        exact: true,
+    })
+}
+
+pub(super) fn stale(conn: &Connection, q: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
+    const COLS: &str = "entity, action, uuid, value, category, first_ts, recorded_ts";
+    const FILTER: &str = "(?2 IS NULL OR entity = ?2) AND (?3 IS NULL OR action = ?3)";
+    const ORDER: &str = "ORDER BY recorded_ts, entity, action, uuid LIMIT ?4";
+    let read = |r: &rusqlite::Row<'_>| {
+        let key = CounterKey {
+            entity: r.get::<_, String>(0)?.into(),
+            action: r.get::<_, String>(1)?.into(),
+            uuid: r.get::<_, String>(2)?.into(),
+        };
+        Ok(Counter {
+            key,
+            value: r.get(3)?,
+            category: r.get(4)?,
+            first_ms: r.get(5)?,
+            recorded_ms: r.get(6)?,
+        })
+    };
+    let rows = match &q.after {
+        None => {
+            let mut s = conn
+                .prepare_cached(&format!(
+                    "SELECT {COLS} FROM counters WHERE recorded_ts < ?1 AND {FILTER} {ORDER}"
+                ))
+                .map_err(internal)?;
+            let rows = s
+                .query_map(
+                    params![q.before_ms, q.entity, q.action, limit(q.limit)],
+                    read,
+                )
+                .map_err(internal)?;
+            rows.collect::<Result<Vec<_>, _>>()
+        }
+        Some((ts, k)) => {
+            // The plain `recorded_ts >= ?5` bound lets the index seek to the page.
+            let mut s = conn
+                .prepare_cached(&format!(
+                    "SELECT {COLS} FROM counters
+                     WHERE recorded_ts < ?1 AND recorded_ts >= ?5 AND {FILTER}
+                       AND (recorded_ts, entity, action, uuid) > (?5, ?6, ?7, ?8) {ORDER}"
+                ))
+                .map_err(internal)?;
+            let rows = s
+                .query_map(
+                    params![
+                        q.before_ms,
+                        q.entity,
+                        q.action,
+                        limit(q.limit),
+                        ts,
+                        &*k.entity,
+                        &*k.action,
+                        &*k.uuid
+                    ],
+                    read,
+                )
+                .map_err(internal)?;
+            rows.collect::<Result<Vec<_>, _>>()
+        }
+    };
+    rows.map_err(internal)
+}
+
+/// The total is summed as high and low 32-bit halves, each of which fits
+/// SQLite's integer sum, so a pair whose total leaves i64 is still exact.
+pub(super) fn unused(conn: &Connection, before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
+    let mut s = conn
+        .prepare_cached(
+            "SELECT entity, action, max(recorded_ts) AS last, sum(value >> 32),
+                    sum(value & 4294967295), count(*)
+             FROM counters GROUP BY entity, action HAVING last < ?1
+             ORDER BY last, entity, action",
+        )
+        .map_err(internal)?;
+    let rows = s
+        .query_map([before_ms], |r| {
+            let hi: i64 = r.get(3)?;
+            let lo: i64 = r.get(4)?;
+            Ok(UnusedPair {
+                entity: r.get(0)?,
+                action: r.get(1)?,
+                last_ms: r.get(2)?,
+                total: (i128::from(hi) << 32) + i128::from(lo),
+                counters: r.get::<_, i64>(5)?.try_into().unwrap_or(0),
+            })
+        })
+        .map_err(internal)?;
+    rows.collect::<Result<Vec<_>, _>>().map_err(internal)
+}
+
+pub(super) fn average(
+    conn: &Connection,
+    key: &CounterKey,
+    window: Option<Window>,
+) -> Result<Option<Average>, StoreError> {
+    let row = conn
+        .prepare_cached(
+            "SELECT aid, sum, quantity, category, first_ts, recorded_ts FROM averages
+             WHERE entity = ?1 AND action = ?2 AND uuid = ?3",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![&*key.entity, &*key.action, &*key.uuid], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    Average {
+                        key: key.clone(),
+                        sum: r.get(1)?,
+                        quantity: r.get(2)?,
+                        category: r.get(3)?,
+                        first_ms: r.get(4)?,
+                        recorded_ms: r.get(5)?,
+                    },
+                ))
+            })
+            .optional()
+        })
+        .map_err(internal)?;
+    let Some((aid, mut avg)) = row else {
+        return Ok(None);
+    };
+    if let Some(w) = window {
+        let (sum, quantity) = conn
+            .prepare_cached(
+                "SELECT coalesce(sum(sum), 0), coalesce(sum(quantity), 0)
+                 FROM average_buckets INDEXED BY average_buckets_by_average
+                 WHERE aid = ?1 AND day BETWEEN ?2 AND ?3",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![aid, w.from_day, w.to_day], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+            })
+            .map_err(internal)?;
+        avg.sum = sum;
+        avg.quantity = quantity;
+    }
+    Ok(Some(avg))
+}
+
+pub(super) fn top_averages(
+    conn: &Connection,
+    q: &TopAveragesQuery,
+) -> Result<TopAverages, StoreError> {
+    let read = |r: &rusqlite::Row<'_>| {
+        Ok(AverageEntry {
+            uuid: r.get(0)?,
+            sum: r.get(1)?,
+            quantity: r.get(2)?,
+            category: r.get(3)?,
+        })
+    };
+    let sql = match q.window {
+        None => {
+            "SELECT uuid, sum, quantity, category FROM averages
+             WHERE entity = ?1 AND action = ?2 AND (?3 IS NULL OR category = ?3)
+               AND quantity >= ?4 AND ?5 IS NULL AND ?6 IS NULL
+             ORDER BY CAST(sum AS REAL) / quantity DESC, quantity DESC, uuid LIMIT ?7"
+        }
+        Some(_) => {
+            "SELECT a.uuid, sum(b.sum) AS s, sum(b.quantity) AS n, a.category
+             FROM average_buckets b JOIN averages a ON a.aid = b.aid
+             WHERE b.day BETWEEN ?5 AND ?6 AND a.entity = ?1 AND a.action = ?2
+               AND (?3 IS NULL OR a.category = ?3)
+             GROUP BY b.aid HAVING n >= ?4
+             ORDER BY CAST(s AS REAL) / n DESC, n DESC, a.uuid LIMIT ?7"
+        }
+    };
+    let mut s = conn.prepare_cached(sql).map_err(internal)?;
+    let rows = s
+        .query_map(
+            params![
+                q.entity,
+                q.action,
+                q.category,
+                q.min_quantity,
+                q.window.map(|w| w.from_day),
+                q.window.map(|w| w.to_day),
+                limit(q.size)
+            ],
+            read,
+        )
+        .map_err(internal)?;
+    let entries = rows.collect::<Result<Vec<_>, _>>().map_err(internal)?;
+    Ok(TopAverages {
+        entries,
+        exact: true,
+    })
+}
