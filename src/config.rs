@@ -27,6 +27,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the HTTP gateway.
     Serve(ServeArgs),
+    /// Install the Elasticsearch index templates, ILM policy and stored scripts, then exit.
+    Setup(crate::store::elasticsearch::SetupArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -101,6 +103,9 @@ pub struct ServeArgs {
     /// How long shutdown may take to flush what is queued.
     #[arg(long, env = "COUNTER_GATEWAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
+
+    #[command(flatten)]
+    pub elasticsearch: crate::store::elasticsearch::ElasticsearchArgs,
 }
 
 impl ServeArgs {
@@ -169,6 +174,7 @@ mod tests {
         all.extend_from_slice(args);
         match Cli::try_parse_from(all).unwrap().command {
             Command::Serve(a) => a,
+            Command::Setup(_) => unreachable!("parsed as serve"),
         }
     }
 

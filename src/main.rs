@@ -12,6 +12,7 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => counter_gateway::server::serve(args).await,
+        Command::Setup(args) => counter_gateway::server::setup(args).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -9,16 +9,28 @@ use crate::api::{self, AppState};
 use crate::config::ServeArgs;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
+use crate::store::elasticsearch::{ElasticsearchStore, SetupArgs};
 use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
 
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     args.validate()?;
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(&args.data_dir, args.durability, args.idempotency_window)
-            .map_err(|e| e.to_string())?,
-    );
-    tracing::info!(data_dir = %args.data_dir.display(), durability = ?args.durability, "embedded store open");
+    let store: Arc<dyn Store> = match args.elasticsearch.to_config(args.idempotency_window)? {
+        Some(es) => {
+            let (url, prefix) = (es.url.clone(), es.names.prefix().to_string());
+            let store = ElasticsearchStore::open(es, !args.elasticsearch.skip_setup)
+                .await
+                .map_err(|e| e.to_string())?;
+            tracing::info!(%url, index_prefix = %prefix, "elasticsearch store open");
+            Arc::new(store)
+        }
+        None => {
+            let store = SqliteStore::open(&args.data_dir, args.durability, args.idempotency_window)
+                .map_err(|e| e.to_string())?;
+            tracing::info!(data_dir = %args.data_dir.display(), durability = ?args.durability, "embedded store open");
+            Arc::new(store)
+        }
+    };
     let metrics = Arc::new(Metrics::default());
     let (pipeline, flusher) = Pipeline::start(store.clone(), args.pipeline(), metrics.clone());
     let state = AppState {
@@ -45,6 +57,18 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         Ok(_) => tracing::info!("stopped cleanly"),
         Err(_) => tracing::warn!("flush at shutdown did not finish in time"),
     }
+    Ok(())
+}
+
+/// `counter-gateway setup`: installs what `index-templates/` holds, then exits.
+pub async fn setup(args: SetupArgs) -> Result<(), String> {
+    let es = args
+        .elasticsearch
+        .to_config(std::time::Duration::ZERO)?
+        .ok_or("setup needs --elasticsearch-url (or COUNTER_GATEWAY_ELASTICSEARCH_URL)")?;
+    let store = ElasticsearchStore::new(es).map_err(|e| e.to_string())?;
+    let report = store.setup().await.map_err(|e| e.to_string())?;
+    tracing::info!(installed = ?report.installed, current = ?report.current, newer = ?report.newer, "setup done");
     Ok(())
 }
 

@@ -386,10 +386,15 @@ impl ElasticsearchStore {
 
 /// Splits a client error by whether the request can have left this process.
 fn transport_error(e: elasticsearch::Error) -> TransportError {
-    let message = e.to_string();
+    let mut message = e.to_string();
     let mut not_sent = false;
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
     while let Some(s) = source {
+        let text = s.to_string();
+        if !message.ends_with(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             if matches!(
                 io.kind(),
@@ -398,7 +403,6 @@ fn transport_error(e: elasticsearch::Error) -> TransportError {
                 not_sent = true;
             }
         }
-        let text = s.to_string();
         if text.contains("error trying to connect") || text.contains("Connection refused") {
             not_sent = true;
         }
