@@ -70,7 +70,7 @@ use self::response::{ItemClass, ItemResult};
 use self::retry::Jitter;
 use self::templates::Install;
 use super::{BatchOutcome, RequestOutcome, Store, StoreError, WriteBatch};
-use crate::domain::{Counter, CounterKey, Increment};
+use crate::domain::{Counter, CounterKey, Increment, Kind};
 
 pub use self::config::{ElasticsearchArgs, SetupArgs};
 
@@ -459,6 +459,29 @@ fn counters_after(plan: &Plan, results: &[ItemResult], into: &mut HashMap<Counte
 #[async_trait]
 impl Store for ElasticsearchStore {
     async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        // Average samples have no Elasticsearch documents yet (issue 4):
+        // refuse those requests whole rather than count them as counters.
+        let (counting, averaging): (Vec<usize>, Vec<usize>) = (0..batch.requests.len())
+            .partition(|&i| batch.requests[i].iter().all(|e| e.kind == Kind::Counter));
+        if !averaging.is_empty() {
+            let kept: Vec<Vec<Increment>> = counting
+                .iter()
+                .map(|&i| batch.requests[i].clone())
+                .collect();
+            let mut inner = self.apply(WriteBatch { requests: kept }).await?;
+            let mut outcomes = vec![
+                RequestOutcome::Failed {
+                    reason: "average counters are not supported by the Elasticsearch store yet"
+                        .into()
+                };
+                batch.requests.len()
+            ];
+            for (&i, o) in counting.iter().zip(inner.requests.drain(..)) {
+                outcomes[i] = o;
+            }
+            inner.requests = outcomes;
+            return Ok(inner);
+        }
         let settings = self.settings(chrono::Utc::now().timestamp_millis());
         let requests: Vec<&[Increment]> = batch.requests.iter().map(Vec::as_slice).collect();
         let mut out = BatchOutcome::default();
