@@ -1,13 +1,19 @@
 //! Many concurrent clients on a few hot keys: single increments, decrements
-//! and batches, positive and negative, end with exact totals.
+//! and batches, positive and negative, end with exact totals; a full queue
+//! answers 503 with `Retry-After`.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{counter_path, Options, TestApp};
+use common::{assert_error, counter_path, Options, TestApp};
+use counter_gateway::domain::{Counter, CounterKey};
 use counter_gateway::pipeline::PipelineConfig;
+use counter_gateway::store::{BatchOutcome, Store, StoreError, WriteBatch};
+use counter_gateway::Limits;
 use serde_json::{json, Value};
+use tokio::sync::Semaphore;
 
 /// Concurrent clients, and requests each sends (sequentially).
 #[derive(Clone, Copy)]
@@ -163,4 +169,99 @@ async fn exact_totals_with_a_lingering_flusher_and_small_flushes() {
     };
     hammer(&app, load).await;
     assert_totals(&app, load).await;
+}
+
+/// A store whose flushes wait until the test opens the gate, so the queue
+/// fills deterministically.
+struct Gated {
+    inner: Arc<dyn Store>,
+    gate: Arc<Semaphore>,
+}
+
+#[async_trait::async_trait]
+impl Store for Gated {
+    async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        let _open = self.gate.acquire().await.expect("gate");
+        self.inner.apply(batch).await
+    }
+    async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn target_counters(&self, entity: &str, uuid: &str) -> Result<Vec<Counter>, StoreError> {
+        self.inner.target_counters(entity, uuid).await
+    }
+    async fn delete(&self, key: &CounterKey) -> Result<bool, StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.ready().await
+    }
+}
+
+async fn wait_for_depth(app: &TestApp, depth: f64) {
+    for _ in 0..2_000 {
+        if app.metric("counter_gateway_queue_depth").await == depth {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("queue depth never reached {depth}");
+}
+
+fn batch(uuid: &str, n: usize) -> Value {
+    let events: Vec<Value> = (0..n)
+        .map(|_| json!({"entity": "BP", "action": "VIEW", "uuid": uuid}))
+        .collect();
+    json!({ "events": events })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_503_with_retry_after_and_applies_nothing() {
+    let gate = Arc::new(Semaphore::new(0));
+    let options = Options {
+        limits: Limits {
+            max_events_per_request: 10,
+            ..Options::default().limits
+        },
+        pipeline: PipelineConfig {
+            queue_capacity: 10,
+            ..PipelineConfig::default()
+        },
+        ..Options::default()
+    };
+    let g = gate.clone();
+    let app =
+        TestApp::start_wrapped(options, move |inner| Arc::new(Gated { inner, gate: g })).await;
+    let post = |path: String, body: Value| {
+        let (http, url) = (app.http.clone(), app.url(&path));
+        tokio::spawn(
+            async move { common::read(http.post(url).json(&body).send().await.unwrap()).await },
+        )
+    };
+
+    // Six events held in a flush the store has not confirmed.
+    let first = post("/v1/events".into(), batch("a", 6));
+    wait_for_depth(&app, 6.0).await;
+    // Five more do not fit in a queue of ten.
+    let r = app.post("/v1/events", batch("b", 5)).await;
+    assert_error(&r, 503, "overloaded", &["queue is full"]);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // One more does.
+    let second = post(counter_path("BP", "VIEW", "b", "/increment"), json!({}));
+    wait_for_depth(&app, 7.0).await;
+    assert_eq!(app.metric("counter_gateway_overloaded_total").await, 1.0);
+
+    gate.add_permits(1_000);
+    let first = first.await.unwrap();
+    assert_eq!(
+        first.json,
+        json!({"accepted": 6, "duplicates": 0}),
+        "{}",
+        first.text
+    );
+    let second = second.await.unwrap();
+    assert_eq!(second.json["value"], 1, "{}", second.text);
+    assert_eq!(app.value("BP", "VIEW", "a").await, Some(6));
+    assert_eq!(app.value("BP", "VIEW", "b").await, Some(1));
+    assert_eq!(app.metric("counter_gateway_queue_depth").await, 0.0);
 }

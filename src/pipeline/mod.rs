@@ -95,6 +95,8 @@ pub struct Pipeline {
     tx: mpsc::UnboundedSender<Message>,
     permits: Arc<Semaphore>,
     config: Arc<PipelineConfig>,
+    /// Counts the submissions refused because the queue was full.
+    metrics: Arc<Metrics>,
 }
 
 impl Pipeline {
@@ -107,12 +109,13 @@ impl Pipeline {
         let (tx, rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(config.queue_capacity));
         let config = Arc::new(config);
-        let task = tokio::spawn(flusher::run(store, rx, config.clone(), metrics));
+        let task = tokio::spawn(flusher::run(store, rx, config.clone(), metrics.clone()));
         (
             Pipeline {
                 tx,
                 permits,
                 config,
+                metrics,
             },
             task,
         )
@@ -131,7 +134,10 @@ impl Pipeline {
             .try_acquire_many_owned(n)
             .map_err(|e| match e {
                 tokio::sync::TryAcquireError::Closed => SubmitError::ShuttingDown,
-                tokio::sync::TryAcquireError::NoPermits => SubmitError::Overloaded,
+                tokio::sync::TryAcquireError::NoPermits => {
+                    self.metrics.record_overloaded();
+                    SubmitError::Overloaded
+                }
             })?;
         let (reply, answer) = oneshot::channel();
         let sub = Submission {

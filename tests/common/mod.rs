@@ -82,19 +82,32 @@ impl TestApp {
     }
 
     pub async fn start_with(options: Options) -> TestApp {
-        let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
-        Self::start_in(dir, options).await
+        Self::start_wrapped(options, |s| s).await
     }
 
-    async fn start_in(dir: Arc<TempDir>, options: Options) -> TestApp {
-        let store: Arc<dyn Store> = Arc::new(
+    /// Starts over a fresh SQLite store seen through `wrap` (a store that
+    /// delays or fails on purpose).
+    pub async fn start_wrapped(
+        options: Options,
+        wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+    ) -> TestApp {
+        let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
+        Self::start_in(dir, options, wrap).await
+    }
+
+    async fn start_in(
+        dir: Arc<TempDir>,
+        options: Options,
+        wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+    ) -> TestApp {
+        let store: Arc<dyn Store> = wrap(Arc::new(
             SqliteStore::open(
                 dir.path(),
                 Durability::Full,
                 Duration::from_secs(7 * 86_400),
             )
             .expect("open store"),
-        );
+        ));
         let metrics = Arc::new(Metrics::default());
         let (pipeline, flusher) =
             Pipeline::start(store.clone(), options.pipeline.clone(), metrics.clone());
@@ -150,7 +163,7 @@ impl TestApp {
     /// over the same data directory.
     pub async fn restart(self) -> TestApp {
         let (dir, options) = self.stop().await;
-        Self::start_in(dir, options).await
+        Self::start_in(dir, options, |s| s).await
     }
 
     pub fn url(&self, path: &str) -> String {
