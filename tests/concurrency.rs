@@ -1,9 +1,11 @@
 //! Many concurrent clients on a few hot keys: single increments, decrements
 //! and batches, positive and negative, end with exact totals; a full queue
-//! answers 503 with `Retry-After`.
+//! answers 503 with `Retry-After`; a failing store answers 503 and applies
+//! nothing.
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -176,12 +178,17 @@ async fn exact_totals_with_a_lingering_flusher_and_small_flushes() {
 struct Gated {
     inner: Arc<dyn Store>,
     gate: Arc<Semaphore>,
+    /// While set, flushes fail as an unreachable store would.
+    fail: Arc<AtomicBool>,
 }
 
 #[async_trait::async_trait]
 impl Store for Gated {
     async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
         let _open = self.gate.acquire().await.expect("gate");
+        if self.fail.load(SeqCst) {
+            return Err(StoreError::Unavailable("disk on fire".into()));
+        }
         self.inner.apply(batch).await
     }
     async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError> {
@@ -230,8 +237,14 @@ async fn a_full_queue_answers_503_with_retry_after_and_applies_nothing() {
         ..Options::default()
     };
     let g = gate.clone();
-    let app =
-        TestApp::start_wrapped(options, move |inner| Arc::new(Gated { inner, gate: g })).await;
+    let app = TestApp::start_wrapped(options, move |inner| {
+        Arc::new(Gated {
+            inner,
+            gate: g,
+            fail: Arc::default(),
+        })
+    })
+    .await;
     let post = |path: String, body: Value| {
         let (http, url) = (app.http.clone(), app.url(&path));
         tokio::spawn(
@@ -264,4 +277,43 @@ async fn a_full_queue_answers_503_with_retry_after_and_applies_nothing() {
     assert_eq!(app.value("BP", "VIEW", "a").await, Some(6));
     assert_eq!(app.value("BP", "VIEW", "b").await, Some(1));
     assert_eq!(app.metric("counter_gateway_queue_depth").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_failing_store_is_503_and_nothing_is_applied() {
+    let fail = Arc::new(AtomicBool::new(false));
+    let f = fail.clone();
+    let app = TestApp::start_wrapped(Options::default(), move |inner| {
+        Arc::new(Gated {
+            inner,
+            gate: Arc::new(Semaphore::new(1_000)),
+            fail: f,
+        })
+    })
+    .await;
+    let r = app.increment("SF", "VIEW", "u", json!({"count": 2})).await;
+    assert_eq!(r.json["value"], 2, "{}", r.text);
+
+    fail.store(true, SeqCst);
+    let r = app.increment("SF", "VIEW", "u", json!({"count": 5})).await;
+    assert_error(
+        &r,
+        503,
+        "unavailable",
+        &["nothing of the request was applied"],
+    );
+    let r = app.post("/v1/events", batch("u", 3)).await;
+    assert_error(
+        &r,
+        503,
+        "unavailable",
+        &["nothing of the request was applied"],
+    );
+    assert_eq!(app.metric("counter_gateway_store_errors_total").await, 2.0);
+
+    fail.store(false, SeqCst);
+    assert_eq!(app.value("SF", "VIEW", "u").await, Some(2));
+    assert_eq!(app.value("BP", "VIEW", "u").await, None);
+    let r = app.increment("SF", "VIEW", "u", json!({"count": 5})).await;
+    assert_eq!(r.json["value"], 7, "{}", r.text);
 }
