@@ -211,7 +211,7 @@ async fn floats_and_numbers_past_i64_are_refused() {
         assert_eq!(details(&r).len(), 1, "{}", r.text);
         assert!(details(&r)[0].1.contains("count"), "{}", r.text);
     }
-    // The extremes themselves are integers, and valid.
+    // The reason says what was wrong with the value.
     let r = post_text(&app, SEED_INC, "{\"count\": 1.5}").await;
     assert_error(&r, 400, "invalid_request", &["count", "floating point"]);
     assert_unchanged(&app).await;
