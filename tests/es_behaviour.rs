@@ -797,3 +797,35 @@ async fn setup_installs_every_object_in_order() {
     assert!(puts[0].starts_with("PUT /_scripts/counter-gateway-counter-update-v1"));
     assert!(puts[11].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
 }
+
+#[tokio::test]
+async fn a_lost_answer_is_never_resent() {
+    // A server that reads the request and hangs up without answering: the
+    // bulk may or may not have been applied, so it must not be sent again.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = vec![0u8; 64 * 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut sock, &mut buf).await;
+            drop(sock);
+        }
+    });
+    let store = store_at(&format!("http://{addr}"));
+    let out = store
+        .apply(WriteBatch {
+            requests: vec![vec![inc("a", 1, None)]],
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out.requests[0], RequestOutcome::Failed { reason } if reason.contains("outcome unknown")),
+        "{:?}",
+        out.requests[0]
+    );
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -81,6 +81,10 @@ pub struct ElasticsearchStore {
     jitter: Jitter,
 }
 
+/// Most items in one `_bulk` request: a few thousand, as Elasticsearch advises;
+/// flushes with more distinct documents are sent as several requests.
+pub const MAX_BULK_ITEMS: usize = 5_000;
+
 /// A transport failure, split by whether the request may have reached the cluster.
 struct TransportError {
     /// Nothing was sent (connection refused, DNS): safe to resend.
@@ -250,77 +254,81 @@ impl ElasticsearchStore {
             });
         };
         while !pending.is_empty() {
-            let batch: Vec<_> = pending.iter().map(|&i| &actions[i]).collect();
-            let body = request::bulk_body(&batch, settings.retry_on_conflict);
-            sent += pending.len();
-            let answer = self
-                .raw_call(
-                    Method::Post,
-                    "/_bulk",
-                    &[],
-                    Some(body),
-                    Some("application/x-ndjson"),
-                )
-                .await;
             let mut retry = Vec::new();
-            match answer {
-                Ok((200, json)) => match response::parse_bulk(&json, pending.len()) {
-                    Ok(items) => {
-                        for (&i, item) in pending.iter().zip(items) {
-                            match &item.class {
-                                ItemClass::Retry(r) => {
-                                    reasons.insert(i, r.clone());
-                                    retry.push(i);
+            // One _bulk per flush, split only past MAX_BULK_ITEMS so a huge
+            // flush stays well under Elasticsearch's request size limit.
+            for chunk in pending.chunks(MAX_BULK_ITEMS) {
+                let batch: Vec<_> = chunk.iter().map(|&i| &actions[i]).collect();
+                let body = request::bulk_body(&batch, settings.retry_on_conflict);
+                sent += chunk.len();
+                let answer = self
+                    .raw_call(
+                        Method::Post,
+                        "/_bulk",
+                        &[],
+                        Some(body),
+                        Some("application/x-ndjson"),
+                    )
+                    .await;
+                match answer {
+                    Ok((200, json)) => match response::parse_bulk(&json, chunk.len()) {
+                        Ok(items) => {
+                            for (&i, item) in chunk.iter().zip(items) {
+                                match &item.class {
+                                    ItemClass::Retry(r) => {
+                                        reasons.insert(i, r.clone());
+                                        retry.push(i);
+                                    }
+                                    _ => results[i] = Some(item),
                                 }
-                                _ => results[i] = Some(item),
                             }
                         }
+                        Err(e) => {
+                            // Cannot tell which items were applied: resend none.
+                            for &i in chunk {
+                                settle(
+                                    &mut results,
+                                    i,
+                                    ItemClass::Unknown(format!("outcome unknown: {e}")),
+                                );
+                            }
+                        }
+                    },
+                    Ok((status, json)) => match response::classify_request(status, &json) {
+                        ItemClass::Retry(r) => {
+                            for &i in chunk {
+                                reasons.insert(i, r.clone());
+                            }
+                            retry.extend_from_slice(chunk);
+                        }
+                        other => {
+                            for &i in chunk {
+                                settle(&mut results, i, other.clone());
+                            }
+                        }
+                    },
+                    Err(TransportError {
+                        not_sent: true,
+                        message,
+                    }) => {
+                        for &i in chunk {
+                            reasons.insert(i, format!("elasticsearch unreachable: {message}"));
+                        }
+                        retry.extend_from_slice(chunk);
                     }
-                    Err(e) => {
-                        // Cannot tell which items were applied: resend none.
-                        for &i in &pending {
+                    Err(TransportError {
+                        not_sent: false,
+                        message,
+                    }) => {
+                        for &i in chunk {
                             settle(
                                 &mut results,
                                 i,
-                                ItemClass::Rejected(format!("outcome unknown: {e}")),
+                                ItemClass::Unknown(format!(
+                                    "outcome unknown, not resent (an event id makes a retry safe): {message}"
+                                )),
                             );
                         }
-                    }
-                },
-                Ok((status, json)) => match response::classify_request(status, &json) {
-                    ItemClass::Retry(r) => {
-                        for &i in &pending {
-                            reasons.insert(i, r.clone());
-                        }
-                        retry = pending.clone();
-                    }
-                    other => {
-                        for &i in &pending {
-                            settle(&mut results, i, other.clone());
-                        }
-                    }
-                },
-                Err(TransportError {
-                    not_sent: true,
-                    message,
-                }) => {
-                    for &i in &pending {
-                        reasons.insert(i, format!("elasticsearch unreachable: {message}"));
-                    }
-                    retry = pending.clone();
-                }
-                Err(TransportError {
-                    not_sent: false,
-                    message,
-                }) => {
-                    for &i in &pending {
-                        settle(
-                            &mut results,
-                            i,
-                            ItemClass::Rejected(format!(
-                                "outcome unknown, not resent (an event id makes a retry safe): {message}"
-                            )),
-                        );
                     }
                 }
             }
@@ -423,9 +431,10 @@ fn outcomes(plan: &Plan, results: &[ItemResult]) -> Vec<RequestOutcome> {
         .map(|(touches, ids)| {
             let failed = touches.iter().find_map(|&w| match &results[w].class {
                 ItemClass::Done => None,
-                ItemClass::Retry(r) | ItemClass::Rejected(r) | ItemClass::Overflow(r) => {
-                    Some(r.clone())
-                }
+                ItemClass::Retry(r)
+                | ItemClass::Rejected(r)
+                | ItemClass::Overflow(r)
+                | ItemClass::Unknown(r) => Some(r.clone()),
             });
             match failed {
                 Some(reason) => RequestOutcome::Failed { reason },
@@ -491,6 +500,22 @@ impl Store for ElasticsearchStore {
             if !results.iter().any(is_overflow) {
                 out.requests = outcomes(&plan, &results);
                 counters_after(&plan, &results, &mut out.counters);
+                return Ok(out);
+            }
+            if results
+                .iter()
+                .any(|r| matches!(r.class, ItemClass::Unknown(_)))
+            {
+                // Replaying could count the unknown items twice: undo what
+                // is known and fail the flush instead.
+                self.undo(&plan.writes, &results, &settings, &mut out.store_writes)
+                    .await;
+                out.requests = vec![
+                    RequestOutcome::Failed {
+                        reason: "an addition overflowed and some items of the flush have an unknown outcome".into()
+                    };
+                    requests.len()
+                ];
                 return Ok(out);
             }
             tracing::info!("a flush would overflow a counter; applying its requests one by one");

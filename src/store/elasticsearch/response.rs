@@ -22,6 +22,9 @@ pub enum ItemClass {
     Overflow(String),
     /// Not applied and resending would not help (mapping, script, 4xx).
     Rejected(String),
+    /// Maybe applied, maybe not (the answer was lost): never resent, since
+    /// resending an applied increment would count it twice.
+    Unknown(String),
 }
 
 /// Classifies one item of a `_bulk` answer.
