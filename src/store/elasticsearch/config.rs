@@ -116,17 +116,29 @@ pub const DEFAULT_TENANT: &str = "default";
 impl EsConfig {
     /// A configuration with the defaults, for `url` and `prefix`.
     pub fn new(url: &str, prefix: &str, tenant: &str) -> Result<Self, String> {
-        let parsed = url
+        let mut parsed = url
             .parse::<elasticsearch::http::Url>()
-            .map_err(|e| format!("--elasticsearch-url {url:?} is not a URL: {e}"))?;
+            .map_err(|_| "--elasticsearch-url is not a URL".to_string())?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(format!(
-                "--elasticsearch-url must start with http:// or https://, got {url:?}"
+                "--elasticsearch-url must start with http:// or https://, got {}://",
+                parsed.scheme()
             ));
         }
+        // Credentials written into the URL become basic auth, so the URL
+        // itself can be logged.
+        let auth = match (parsed.username(), parsed.password()) {
+            ("", None) => None,
+            (user, password) => Some(Auth::Basic {
+                username: user.to_string(),
+                password: password.unwrap_or("").to_string(),
+            }),
+        };
+        let _ = parsed.set_username("");
+        let _ = parsed.set_password(None);
         Ok(EsConfig {
-            url: url.to_string(),
-            auth: None,
+            url: parsed.to_string(),
+            auth,
             names: IndexNames::new(prefix, tenant).map_err(|e| format!("--index-prefix: {e}"))?,
             backoff: Backoff::standard(),
             request_timeout: Duration::from_secs(30),
@@ -145,13 +157,14 @@ impl ElasticsearchArgs {
         };
         let mut c = EsConfig::new(url, &self.index_prefix, DEFAULT_TENANT)?;
         c.id_window = id_window;
+        let from_url = c.auth.take();
         c.auth = match (&self.username, &self.password, &self.api_key) {
             (Some(u), Some(p), None) => Some(Auth::Basic {
                 username: u.clone(),
                 password: p.clone(),
             }),
             (None, None, Some(k)) => Some(Auth::ApiKey(k.clone())),
-            (None, None, None) => None,
+            (None, None, None) => from_url,
             _ => {
                 return Err(
                     "give either --elasticsearch-username with --elasticsearch-password, or --elasticsearch-api-key"
@@ -181,6 +194,16 @@ mod tests {
         let shown = format!("{a:?} {c:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("elastic"));
+    }
+
+    #[test]
+    fn credentials_in_the_url_become_basic_auth() {
+        let c = EsConfig::new("https://elastic:hunter2@es.example:9200", "cg", "default").unwrap();
+        assert_eq!(c.url, "https://es.example:9200/");
+        assert!(
+            matches!(c.auth, Some(Auth::Basic { ref username, ref password }) if username == "elastic" && password == "hunter2")
+        );
+        assert!(!format!("{c:?}").contains("hunter2"));
     }
 
     #[test]
