@@ -829,3 +829,43 @@ async fn a_lost_answer_is_never_resent() {
     );
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_items_are_bounded_by_distinct_keys_not_requests() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let store = store_at(&format!("http://{addr}"));
+    let metrics = Arc::new(Metrics::default());
+    let config = PipelineConfig {
+        flush_interval: Duration::from_millis(5),
+        ack_timeout: Duration::from_secs(5),
+        ..PipelineConfig::default()
+    };
+    let (pipeline, _flusher) = Pipeline::start(store.clone(), config, metrics.clone());
+    let router = router(AppState {
+        store,
+        pipeline,
+        time_policy: TimePolicy::default(),
+        limits: Limits::default(),
+        metrics,
+    });
+    let mut tasks = Vec::new();
+    for i in 0..300 {
+        let router = router.clone();
+        tasks.push(tokio::spawn(async move {
+            let path = format!("/v1/counters/VIDEO/VIEW/k{}/increment", i % 3);
+            call(&router, "POST", &path, None).await.0
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let bulks = fake.bulks();
+    let items: usize = bulks.iter().map(Vec::len).sum();
+    // Three keys, one day: at most six items per flush, whatever the load.
+    assert!(bulks.iter().all(|b| b.len() <= 6), "{bulks:?}");
+    assert!(items < 300, "{items} bulk items for 300 increments");
+    for k in 0..3 {
+        assert_eq!(fake.value(COUNTERS, &cid(&format!("k{k}"))), Some(100));
+    }
+}
