@@ -1,0 +1,230 @@
+//! Query timings on the embedded store at benchmark scale: loads N counters
+//! (default 1,000,000) with a week of daily buckets through `POST /v1/events`,
+//! then times top lists and reports, through the router and at the store.
+//! Ignored by default (it takes minutes and asserts nothing about time):
+//!
+//! `BENCH_COUNTERS=1000000 cargo test --release --test bench_queries -- --ignored --nocapture`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::Request;
+use counter_gateway::domain::{day_of, CounterKey, TimePolicy, Window};
+use counter_gateway::metrics::Metrics;
+use counter_gateway::pipeline::{Pipeline, PipelineConfig};
+use counter_gateway::store::sqlite::{Durability, SqliteStore};
+use counter_gateway::store::{StaleQuery, Store, TopQuery};
+use counter_gateway::{router, AppState, Limits};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+const DAYS: i64 = 7;
+const PER_REQUEST: usize = 10_000;
+
+/// A spread of values so that top lists are not decided by ties alone.
+fn value(i: usize, day: i64) -> i64 {
+    let x = (i as u64 ^ (day as u64).wrapping_mul(0x9E37_79B9)).wrapping_mul(0x2545_F491_4F6C_DD1D);
+    (x >> 54) as i64 + 1
+}
+
+fn report(name: &str, runs: &mut [Duration]) {
+    runs.sort();
+    println!(
+        "{name:<44} min {:>9.3} ms   median {:>9.3} ms   ({} runs)",
+        runs[0].as_secs_f64() * 1e3,
+        runs[runs.len() / 2].as_secs_f64() * 1e3,
+        runs.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: minutes of load; run with --ignored --nocapture"]
+async fn query_timings_at_a_million_counters() {
+    let n: usize = std::env::var("BENCH_COUNTERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(dir.path(), Durability::Relaxed, Duration::from_secs(3600)).unwrap(),
+    );
+    // To measure what the read indexes cost the write path, load without them.
+    let without_indexes = std::env::var_os("BENCH_WITHOUT_READ_INDEXES").is_some();
+    if without_indexes {
+        rusqlite::Connection::open(dir.path().join("counters.sqlite3"))
+            .unwrap()
+            .execute_batch("DROP INDEX counters_top; DROP INDEX counters_by_recorded;")
+            .unwrap();
+    }
+    let metrics = Arc::new(Metrics::default());
+    let (pipeline, _flusher) =
+        Pipeline::start(store.clone(), PipelineConfig::default(), metrics.clone());
+    let app = router(AppState {
+        store: store.clone(),
+        pipeline,
+        time_policy: TimePolicy::default(),
+        limits: Limits::default(),
+        metrics,
+    });
+
+    let now = chrono::Utc::now();
+    let started = Instant::now();
+    let mut sent = 0usize;
+    // Days -7..=-1: every counter is then stale for `days=1`, and the week
+    // queried below is exactly the 7 loaded days (7 buckets per counter).
+    for d in (1..=DAYS).rev() {
+        let day_start = now - chrono::Duration::days(d);
+        let mut i = 0;
+        while i < n {
+            let end = (i + PER_REQUEST).min(n);
+            let mut body = String::from("{\"events\":[");
+            for j in i..end {
+                if j > i {
+                    body.push(',');
+                }
+                // Distinct touch times, as real traffic has.
+                let ts = (day_start - chrono::Duration::milliseconds(j as i64 % 3_600_000))
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+                body.push_str(&format!(
+                    r#"{{"entity":"VIDEO","action":"VIEW","uuid":"v{j:07}","count":{},"category":"c{}","timestamp":"{ts}"}}"#,
+                    value(j, d),
+                    j % 10
+                ));
+            }
+            body.push_str("]}");
+            let res = app
+                .clone()
+                .oneshot(
+                    Request::post("/v1/events")
+                        .header("content-type", "application/json")
+                        .body(Body::from(body))
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+            sent += end - i;
+            i = end;
+        }
+    }
+    let load = started.elapsed();
+    println!(
+        "loaded {n} counters x {DAYS} days = {sent} events in {:.1} s ({:.0} events/s)",
+        load.as_secs_f64(),
+        sent as f64 / load.as_secs_f64()
+    );
+    if without_indexes {
+        return;
+    }
+
+    let today = day_of(now);
+    let week = Window {
+        from_day: today - DAYS,
+        to_day: today - 1,
+    };
+    let top = |window, category: Option<&str>| TopQuery {
+        entity: "VIDEO".into(),
+        action: "VIEW".into(),
+        window,
+        category: category.map(String::from),
+        size: 100,
+    };
+    let cases: Vec<(&str, TopQuery)> = vec![
+        ("store.top all-time size=100", top(None, None)),
+        (
+            "store.top all-time size=100 category",
+            top(None, Some("c3")),
+        ),
+        ("store.top last_week size=100", top(Some(week), None)),
+        (
+            "store.top last_week size=100 category",
+            top(Some(week), Some("c3")),
+        ),
+    ];
+    for (name, q) in &cases {
+        let runs_wanted = if q.window.is_some() { 3 } else { 50 };
+        let mut runs = Vec::new();
+        for _ in 0..runs_wanted {
+            let t = Instant::now();
+            let list = store.top(q).await.unwrap();
+            runs.push(t.elapsed());
+            assert_eq!(list.entries.len(), 100);
+        }
+        report(name, &mut runs);
+    }
+
+    let stale = StaleQuery {
+        entity: None,
+        action: None,
+        // Everything loaded is older than an hour from now: every counter qualifies.
+        before_ms: now.timestamp_millis() + 3_600_000,
+        after: None,
+        limit: 101,
+    };
+    let mut runs = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let page = store.stale(&stale).await.unwrap();
+        runs.push(t.elapsed());
+        assert_eq!(page.len(), 101);
+    }
+    report("store.stale first page size=100", &mut runs);
+    let mid = store
+        .stale(&StaleQuery {
+            after: Some((
+                (now - chrono::Duration::days(4)).timestamp_millis(),
+                CounterKey::new("VIDEO", "VIEW", &format!("v{:07}", n / 2)).unwrap(),
+            )),
+            ..stale.clone()
+        })
+        .await
+        .unwrap();
+    assert!(!mid.is_empty());
+    let mut runs = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        store
+            .stale(&StaleQuery {
+                after: Some((mid[0].recorded_ms, mid[0].key.clone())),
+                ..stale.clone()
+            })
+            .await
+            .unwrap();
+        runs.push(t.elapsed());
+    }
+    report("store.stale page from a cursor mid-way", &mut runs);
+
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        store.unused(now.timestamp_millis()).await.unwrap();
+        runs.push(t.elapsed());
+    }
+    report("store.unused", &mut runs);
+
+    for path in &[
+        "/v1/top/VIDEO/VIEW?size=100".to_string(),
+        format!(
+            "/v1/top/VIDEO/VIEW?size=100&from={}&to={}",
+            counter_gateway::domain::format_day(week.from_day),
+            counter_gateway::domain::format_day(week.to_day)
+        ),
+        "/v1/reports/stale?days=1&size=100".to_string(),
+    ] {
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let t = Instant::now();
+            let res = app
+                .clone()
+                .oneshot(Request::get(path.as_str()).body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            let status = res.status();
+            res.into_body().collect().await.unwrap();
+            runs.push(t.elapsed());
+            assert_eq!(status, 200, "{path}");
+        }
+        report(&format!("http GET {path}"), &mut runs);
+    }
+}
