@@ -133,6 +133,9 @@ impl From<SubmitError> for ApiError {
             SubmitError::TimedOut => ApiError::Unavailable(
                 "the store did not confirm the write in time; it may or may not have been applied (send an event id to retry safely)".into(),
             ),
+            SubmitError::NotDurable(m) => ApiError::Unavailable(format!(
+                "the write reached the store but could not be made durable ({m}); it may or may not survive a crash"
+            )),
             SubmitError::Overflow(key) => ApiError::Overflow(format!(
                 "counter {key} would leave the signed 64-bit range; nothing of the request was applied"
             )),

@@ -1,9 +1,13 @@
-//! The flusher: gathers submissions into batches and applies them in turn.
+//! The flusher: gathers submissions into batches and applies them in turn;
+//! the syncer beside it makes applied batches durable and only then answers.
+//!
+//! The two run concurrently, so batch N+1 is written while batch N is being
+//! fsync'd, and one fsync covers every batch applied before it started.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use super::{Applied, Message, PipelineConfig, Submission, SubmitError};
 use crate::metrics::Metrics;
@@ -15,6 +19,8 @@ pub(super) async fn run(
     config: Arc<PipelineConfig>,
     metrics: Arc<Metrics>,
 ) {
+    let (to_syncer, syncer_rx) = mpsc::unbounded_channel();
+    let syncer = tokio::spawn(sync_loop(store.clone(), syncer_rx));
     let mut closing = false;
     while !closing {
         let Some(first) = rx.recv().await else { break };
@@ -38,9 +44,13 @@ pub(super) async fn run(
             }
         }
         if !subs.is_empty() {
-            flush(store.as_ref(), subs, &metrics).await;
+            let answers = flush(store.as_ref(), subs, &metrics).await;
+            // The syncer outlives this loop, so the send cannot fail.
+            let _ = to_syncer.send(answers);
         }
     }
+    drop(to_syncer);
+    let _ = syncer.await;
     tracing::debug!("flusher stopped");
 }
 
@@ -78,7 +88,15 @@ async fn gather(
     }
 }
 
-async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) {
+/// Answers decided by a flush, held until the flush is durable. Each holds
+/// its queue permit, so the bound on queued events covers these too.
+type Answers = Vec<(
+    oneshot::Sender<Result<Applied, SubmitError>>,
+    Result<Applied, SubmitError>,
+    OwnedSemaphorePermit,
+)>;
+
+async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) -> Answers {
     let started = Instant::now();
     let mut replies = Vec::with_capacity(subs.len());
     let mut batch = WriteBatch {
@@ -89,30 +107,55 @@ async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) {
         replies.push((s.reply, s.want, s.permit));
     }
     let increments: usize = batch.requests.iter().map(Vec::len).sum();
-    let result = store.apply(batch).await;
-    match result {
+    match store.apply(batch).await {
         Ok(mut out) => {
             metrics.record_flush(increments, out.store_writes, started.elapsed());
-            for ((reply, want, permit), outcome) in replies.into_iter().zip(out.requests.drain(..))
-            {
-                let answer = match outcome {
-                    RequestOutcome::Applied { duplicates } => Ok(Applied {
-                        duplicates,
-                        counter: want.and_then(|k| out.counters.get(&k).cloned()),
-                    }),
-                    RequestOutcome::Overflow { key } => Err(SubmitError::Overflow(key)),
-                    RequestOutcome::Failed { reason } => Err(SubmitError::Store(reason)),
-                };
-                let _ = reply.send(answer);
-                drop(permit);
-            }
+            replies
+                .into_iter()
+                .zip(out.requests.drain(..))
+                .map(|((reply, want, permit), outcome)| {
+                    let answer = match outcome {
+                        RequestOutcome::Applied { duplicates } => Ok(Applied {
+                            duplicates,
+                            counter: want.and_then(|k| out.counters.get(&k).cloned()),
+                        }),
+                        RequestOutcome::Overflow { key } => Err(SubmitError::Overflow(key)),
+                        RequestOutcome::Failed { reason } => Err(SubmitError::Store(reason)),
+                    };
+                    (reply, answer, permit)
+                })
+                .collect()
         }
         Err(e) => {
             metrics.record_store_error();
             tracing::error!(error = %e, requests = replies.len(), "flush failed");
-            for (reply, _, _) in replies {
-                let _ = reply.send(Err(SubmitError::Store(e.to_string())));
-            }
+            replies
+                .into_iter()
+                .map(|(reply, _, permit)| (reply, Err(SubmitError::Store(e.to_string())), permit))
+                .collect()
+        }
+    }
+}
+
+/// Makes flushes durable and answers their requests: takes every flush
+/// applied so far, syncs once, answers them all.
+async fn sync_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Answers>) {
+    while let Some(first) = rx.recv().await {
+        let mut answers = first;
+        while let Ok(more) = rx.try_recv() {
+            answers.extend(more);
+        }
+        let synced = store.sync().await;
+        if let Err(e) = &synced {
+            tracing::error!(error = %e, requests = answers.len(), "sync failed");
+        }
+        for (reply, answer, permit) in answers {
+            let answer = match (&synced, answer) {
+                (Err(e), Ok(_)) => Err(SubmitError::NotDurable(e.to_string())),
+                (_, answer) => answer,
+            };
+            let _ = reply.send(answer);
+            drop(permit);
         }
     }
 }

@@ -59,6 +59,9 @@ pub enum SubmitError {
     /// The flush did not finish within the ack timeout; the increments may or
     /// may not be applied (an `id` makes the retry safe).
     TimedOut,
+    /// Written, but the fsync that would make it durable failed: it may or
+    /// may not survive a crash.
+    NotDurable(String),
     /// Applying it would overflow this counter; nothing of the request was applied.
     Overflow(CounterKey),
     /// The store failed; nothing of the request was applied.

@@ -60,8 +60,15 @@ pub enum StoreError {
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Applies a batch. When it returns, every `Applied` request is durable.
+    /// Applies a batch. When it returns, every `Applied` request is visible
+    /// to reads, and durable once a [`Store::sync`] started after it returns.
     async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError>;
+    /// Makes every batch applied so far durable. Split from `apply` so the
+    /// pipeline can write the next batch while this one reaches the disk; a
+    /// store whose `apply` is already durable (Elasticsearch) keeps the default.
+    async fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// One counter, or `None` if it was never counted (or was deleted).
     async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError>;
     /// Every counter of one target (entity + uuid), ordered by action.
