@@ -83,6 +83,8 @@ fn settings() -> WriteSettings {
     WriteSettings {
         counter_script: templates::counter_script_id("counter-gateway"),
         bucket_script: templates::bucket_script_id("counter-gateway"),
+        average_script: templates::average_script_id("counter-gateway"),
+        average_bucket_script: templates::average_bucket_script_id("counter-gateway"),
         retry_on_conflict: 5,
         now_ms: now().timestamp_millis(),
         id_window_ms: 7 * 86_400_000,
@@ -188,8 +190,15 @@ fn the_painless_scripts_handle_the_traps() {
         assert!(src.contains("Long.MAX_VALUE") && src.contains("Long.MIN_VALUE"));
         assert!(!src.contains("addExact"));
         assert!(src.contains("throw new IllegalArgumentException('counter_overflow:"));
-        // Missing fields are null-checked before arithmetic.
-        assert!(src.contains("s.value == null"));
+        // Missing fields are null-checked before arithmetic; averages
+        // widen and bound their quantity as well as their sum.
+        if step.name.contains("average") {
+            assert!(src.contains("s.sum == null") && src.contains("s.quantity == null"));
+            assert!(src.contains("((Number) params.quantity).longValue()"));
+            assert!(src.contains("quantity.compareTo(hi) > 0 || quantity.compareTo(lo) < 0"));
+        } else {
+            assert!(src.contains("s.value == null"));
+        }
         // Key parts come from params (no ctx._id on older versions).
         assert!(src.contains("s.entity = params.entity") && !src.contains("ctx._id"));
         assert!(!src.contains("ctx.op = 'noop'"));

@@ -48,6 +48,7 @@
 //!   delete may recreate the counter, as with the embedded store.
 
 pub mod config;
+pub mod query;
 pub mod request;
 pub mod response;
 pub mod retry;
@@ -65,12 +66,16 @@ use elasticsearch::Elasticsearch;
 use serde_json::Value;
 
 use self::config::{Auth, EsConfig};
+use self::query::CategoryFilter;
 use self::request::{DocWrite, Plan, PlanOverflow, Target, WriteSettings};
 use self::response::{ItemClass, ItemResult};
 use self::retry::Jitter;
 use self::templates::Install;
-use super::{BatchOutcome, RequestOutcome, Store, StoreError, WriteBatch};
-use crate::domain::{Counter, CounterKey, Increment, Kind};
+use super::{
+    Average, AverageEntry, BatchOutcome, Bucket, RequestOutcome, StaleQuery, Store, StoreError,
+    TopAverages, TopAveragesQuery, TopEntry, TopList, TopQuery, UnusedPair, WriteBatch,
+};
+use crate::domain::{Counter, CounterKey, Increment, Window};
 
 pub use self::config::{ElasticsearchArgs, SetupArgs};
 
@@ -143,6 +148,20 @@ impl ElasticsearchStore {
         &self.config
     }
 
+    /// The same cluster, client (and its connections) and settings, over
+    /// `tenant`'s indices; no I/O. Templates and scripts are per prefix, so
+    /// one setup serves every tenant.
+    pub fn for_tenant(&self, tenant: &str) -> Result<Self, StoreError> {
+        let mut config = self.config.clone();
+        config.names = request::IndexNames::new(config.names.prefix(), tenant)
+            .map_err(StoreError::Internal)?;
+        Ok(ElasticsearchStore {
+            client: self.client.clone(),
+            config,
+            jitter: Jitter::from_clock(),
+        })
+    }
+
     /// Installs what `index-templates/` holds, skipping what is current.
     pub async fn setup(&self) -> Result<SetupReport, StoreError> {
         let mut report = SetupReport::default();
@@ -180,6 +199,8 @@ impl ElasticsearchStore {
         WriteSettings {
             counter_script: templates::counter_script_id(prefix),
             bucket_script: templates::bucket_script_id(prefix),
+            average_script: templates::average_script_id(prefix),
+            average_bucket_script: templates::average_bucket_script_id(prefix),
             retry_on_conflict: self.config.retry_on_conflict,
             now_ms,
             id_window_ms: i64::try_from(self.config.id_window.as_millis()).unwrap_or(i64::MAX),
@@ -365,6 +386,103 @@ impl ElasticsearchStore {
         (results, sent)
     }
 
+    /// A search (or `_mget`) of `path`; missing indices read as empty, so a
+    /// tenant that never counted gets empty lists rather than errors.
+    async fn search(
+        &self,
+        path: &str,
+        extra: &[(&str, &str)],
+        body: &Value,
+    ) -> Result<Value, StoreError> {
+        let mut params = vec![("ignore_unavailable", "true"), ("allow_no_indices", "true")];
+        params.extend_from_slice(extra);
+        let payload = serde_json::to_vec(body).map_err(|e| StoreError::Internal(e.to_string()))?;
+        let (status, answer) = self
+            .call(Method::Post, path, &params, Some(payload))
+            .await?;
+        if status != 200 {
+            return Err(status_error(status, query::search_error(status, &answer)));
+        }
+        Ok(answer)
+    }
+
+    /// The uuids of one category of a pair, read from `index` (counters or
+    /// averages), or the bucket-category fallback past [`query::MAX_HITS`].
+    async fn category_filter(
+        &self,
+        index: &str,
+        entity: &str,
+        action: &str,
+        category: Option<&str>,
+    ) -> Result<CategoryFilter, StoreError> {
+        let Some(category) = category else {
+            return Ok(CategoryFilter::None);
+        };
+        let answer = self
+            .search(
+                &format!("/{index}/_search"),
+                &[],
+                &query::category_uuids_query(entity, action, category),
+            )
+            .await?;
+        let (uuids, complete) = query::uuids_from_search(&answer).map_err(StoreError::Internal)?;
+        Ok(if complete {
+            CategoryFilter::Uuids(uuids)
+        } else {
+            CategoryFilter::BucketCategory(category.to_string())
+        })
+    }
+
+    /// The found documents of `index` among the documents of `uuids` of a
+    /// pair, by realtime `_mget`: `uuid -> category`.
+    async fn categories(
+        &self,
+        index: &str,
+        entity: &str,
+        action: &str,
+        uuids: &[&str],
+    ) -> Result<serde_json::Map<String, Value>, StoreError> {
+        if uuids.is_empty() {
+            return Ok(serde_json::Map::new());
+        }
+        let ids: Vec<String> = uuids
+            .iter()
+            .filter_map(|u| CounterKey::new(entity, action, u).ok())
+            .map(|k| k.doc_id())
+            .collect();
+        let answer = self
+            .search(
+                &format!("/{index}/_mget"),
+                &[("_source_includes", "uuid,category")],
+                &query::mget_body(&ids),
+            )
+            .await?;
+        let found = query::found_from_mget(&answer).map_err(StoreError::Internal)?;
+        Ok(query::categories_by_uuid(&found))
+    }
+
+    /// The buckets of one counter or average inside `window` (routed search).
+    async fn window_buckets(
+        &self,
+        key: &CounterKey,
+        window: Window,
+        averages: bool,
+    ) -> Result<Value, StoreError> {
+        let id = key.doc_id();
+        let indices = self.config.names.window_buckets(window, averages);
+        let fields: &[&str] = if averages {
+            &["day", "sum", "quantity"]
+        } else {
+            &["day", "value"]
+        };
+        self.search(
+            &format!("/{}/_search", indices.path),
+            &[("routing", id.as_str())],
+            &query::buckets_query(&id, window, fields),
+        )
+        .await
+    }
+
     /// Takes back every write that succeeded. `false` if some undo failed.
     async fn undo(
         &self,
@@ -468,29 +586,6 @@ fn counters_after(plan: &Plan, results: &[ItemResult], into: &mut HashMap<Counte
 #[async_trait]
 impl Store for ElasticsearchStore {
     async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
-        // Average samples have no Elasticsearch documents yet (issue 4):
-        // refuse those requests whole rather than count them as counters.
-        let (counting, averaging): (Vec<usize>, Vec<usize>) = (0..batch.requests.len())
-            .partition(|&i| batch.requests[i].iter().all(|e| e.kind == Kind::Counter));
-        if !averaging.is_empty() {
-            let kept: Vec<Vec<Increment>> = counting
-                .iter()
-                .map(|&i| batch.requests[i].clone())
-                .collect();
-            let mut inner = self.apply(WriteBatch { requests: kept }).await?;
-            let mut outcomes = vec![
-                RequestOutcome::Failed {
-                    reason: "average counters are not supported by the Elasticsearch store yet"
-                        .into()
-                };
-                batch.requests.len()
-            ];
-            for (&i, o) in counting.iter().zip(inner.requests.drain(..)) {
-                outcomes[i] = o;
-            }
-            inner.requests = outcomes;
-            return Ok(inner);
-        }
         let settings = self.settings(chrono::Utc::now().timestamp_millis());
         let requests: Vec<&[Increment]> = batch.requests.iter().map(Vec::as_slice).collect();
         let mut out = BatchOutcome::default();
@@ -691,6 +786,216 @@ impl Store for ElasticsearchStore {
                 "elasticsearch answered {status}"
             )))
         }
+    }
+
+    async fn histogram(
+        &self,
+        key: &CounterKey,
+        window: Window,
+    ) -> Result<Option<Vec<Bucket>>, StoreError> {
+        if self.get(key).await?.is_none() {
+            return Ok(None);
+        }
+        let answer = self.window_buckets(key, window, false).await?;
+        query::buckets_from_search(&answer)
+            .map(Some)
+            .map_err(StoreError::Internal)
+    }
+
+    async fn top(&self, q: &TopQuery) -> Result<TopList, StoreError> {
+        let counters = self.config.names.counters();
+        let Some(window) = q.window else {
+            let answer = self
+                .search(
+                    &format!("/{counters}/_search"),
+                    &[],
+                    &query::top_all_time_query(q),
+                )
+                .await?;
+            let entries = query::top_from_search(&answer).map_err(StoreError::Internal)?;
+            return Ok(TopList {
+                entries,
+                exact: true,
+            });
+        };
+        let cat = self
+            .category_filter(&counters, &q.entity, &q.action, q.category.as_deref())
+            .await?;
+        if cat == CategoryFilter::Uuids(Vec::new()) {
+            return Ok(TopList {
+                entries: Vec::new(),
+                exact: true,
+            });
+        }
+        let indices = self.config.names.window_buckets(window, false);
+        let one_month = indices.months == 1;
+        let answer = self
+            .search(
+                &format!("/{}/_search", indices.path),
+                &[],
+                &query::top_window_query(q, window, &cat, one_month),
+            )
+            .await?;
+        let top = query::window_top_from_aggs(&answer).map_err(StoreError::Internal)?;
+        let exact = (one_month || top.sum_other_doc_count == 0)
+            && top.sums_exact
+            && !matches!(cat, CategoryFilter::BucketCategory(_));
+        let picked: Vec<&(String, i64)> = top.entries.iter().take(q.size).collect();
+        let uuids: Vec<&str> = picked.iter().map(|(u, _)| u.as_str()).collect();
+        let categories = self
+            .categories(&counters, &q.entity, &q.action, &uuids)
+            .await?;
+        // A counter whose document is gone (deleted while its buckets were
+        // being removed) is left out, as the embedded store's join does.
+        let entries = picked
+            .into_iter()
+            .filter_map(|(uuid, value)| {
+                let category = categories.get(uuid)?;
+                Some(TopEntry {
+                    uuid: uuid.clone(),
+                    value: *value,
+                    category: category.as_str().map(str::to_string),
+                })
+            })
+            .collect();
+        Ok(TopList { entries, exact })
+    }
+
+    async fn stale(&self, q: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
+        let answer = self
+            .search(
+                &format!("/{}/_search", self.config.names.counters()),
+                &[],
+                &query::stale_query(q),
+            )
+            .await?;
+        query::stale_from_search(&answer).map_err(StoreError::Internal)
+    }
+
+    async fn unused(&self, before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
+        let path = format!("/{}/_search", self.config.names.counters());
+        let mut pairs = Vec::new();
+        let mut after: Option<Value> = None;
+        loop {
+            let answer = self
+                .search(&path, &[], &query::unused_query(after.as_ref()))
+                .await?;
+            let (buckets, next) =
+                query::composite_page(&answer, "pairs").map_err(StoreError::Internal)?;
+            pairs.extend(query::unused_page(buckets, before_ms).map_err(StoreError::Internal)?);
+            match next {
+                Some(n) if after.as_ref() != Some(n) => after = Some(n.clone()),
+                _ => break,
+            }
+        }
+        query::sort_unused(&mut pairs);
+        Ok(pairs)
+    }
+
+    async fn average(
+        &self,
+        key: &CounterKey,
+        window: Option<Window>,
+    ) -> Result<Option<Average>, StoreError> {
+        let path = format!(
+            "/{}/_doc/{}",
+            self.config.names.averages(),
+            request::encode_path_segment(&key.doc_id())
+        );
+        let fields = request::AVERAGE_FIELDS[..8].join(",");
+        let (status, body) = self
+            .call(Method::Get, &path, &[("_source_includes", &fields)], None)
+            .await?;
+        let avg =
+            query::average_from_get(key, status, &body).map_err(|e| status_error(status, e))?;
+        let (Some(mut avg), Some(w)) = (avg.clone(), window) else {
+            return Ok(avg);
+        };
+        let answer = self.window_buckets(key, w, true).await?;
+        let (sum, quantity) =
+            query::average_window_from_search(&answer).map_err(StoreError::Internal)?;
+        avg.sum = sum;
+        avg.quantity = quantity;
+        Ok(Some(avg))
+    }
+
+    async fn top_averages(&self, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
+        let averages = self.config.names.averages();
+        let Some(window) = q.window else {
+            let answer = self
+                .search(
+                    &format!("/{averages}/_search"),
+                    &[],
+                    &query::top_averages_all_time_query(q),
+                )
+                .await?;
+            let entries = query::top_averages_from_search(&answer).map_err(StoreError::Internal)?;
+            return Ok(TopAverages {
+                entries,
+                exact: true,
+            });
+        };
+        let cat = self
+            .category_filter(&averages, &q.entity, &q.action, q.category.as_deref())
+            .await?;
+        let mut exact = !matches!(cat, CategoryFilter::BucketCategory(_));
+        if cat == CategoryFilter::Uuids(Vec::new()) {
+            return Ok(TopAverages {
+                entries: Vec::new(),
+                exact,
+            });
+        }
+        let path = format!(
+            "/{}/_search",
+            self.config.names.window_buckets(window, true).path
+        );
+        // Every average of the window, kept to the best `size` as pages come
+        // in, so memory stays bounded by the page and the list.
+        let mut best: Vec<AverageEntry> = Vec::new();
+        let mut after: Option<Value> = None;
+        loop {
+            let answer = self
+                .search(
+                    &path,
+                    &[],
+                    &query::top_averages_window_query(q, window, &cat, after.as_ref()),
+                )
+                .await?;
+            let (buckets, next) =
+                query::composite_page(&answer, "averages").map_err(StoreError::Internal)?;
+            let (rows, rows_exact) = query::averages_page(buckets).map_err(StoreError::Internal)?;
+            exact &= rows_exact;
+            best.extend(
+                rows.into_iter()
+                    .filter(|(_, _, n)| *n >= q.min_quantity)
+                    .map(|(uuid, sum, quantity)| AverageEntry {
+                        uuid,
+                        sum,
+                        quantity,
+                        category: None,
+                    }),
+            );
+            if best.len() > 2 * q.size {
+                query::rank_averages(&mut best, q.size);
+            }
+            match next {
+                Some(n) if after.as_ref() != Some(n) => after = Some(n.clone()),
+                _ => break,
+            }
+        }
+        query::rank_averages(&mut best, q.size);
+        let uuids: Vec<&str> = best.iter().map(|e| e.uuid.as_str()).collect();
+        let categories = self
+            .categories(&averages, &q.entity, &q.action, &uuids)
+            .await?;
+        let entries = best
+            .into_iter()
+            .filter_map(|mut e| {
+                e.category = categories.get(&e.uuid)?.as_str().map(str::to_string);
+                Some(e)
+            })
+            .collect();
+        Ok(TopAverages { entries, exact })
     }
 }
 

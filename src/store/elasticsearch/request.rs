@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use crate::domain::{CounterKey, Increment, MAX_DOC_ID_BYTES};
+use crate::domain::{CounterKey, Increment, Kind, Window, MAX_DOC_ID_BYTES};
 
 /// Index names of one tenant: `<prefix>_<tenant>_<collection>`.
 ///
@@ -79,6 +79,76 @@ impl IndexNames {
     pub fn buckets_pattern(&self) -> String {
         format!("{}-*", self.collection("histogram_counters"))
     }
+
+    /// The index of average counters (sum, quantity, average per document).
+    pub fn averages(&self) -> String {
+        self.collection("average_counters")
+    }
+
+    /// The monthly index of average day buckets holding UTC day `day`.
+    pub fn average_buckets(&self, day: i64) -> String {
+        format!(
+            "{}-{}",
+            self.collection("average_histogram_counters"),
+            month_of(day)
+        )
+    }
+
+    /// The bucket indices a read of `window` must search: the monthly
+    /// indices it overlaps, comma-separated, so a week reads one or two
+    /// indices rather than every month kept. Past [`MAX_NAMED_MONTHS`] months
+    /// the `-*` pattern is shorter than the list (and the day range filter
+    /// still holds). `averages` picks the average buckets.
+    pub fn window_buckets(&self, window: Window, averages: bool) -> WindowIndices {
+        let base = self.collection(if averages {
+            "average_histogram_counters"
+        } else {
+            "histogram_counters"
+        });
+        let (months, names) = months_of(window);
+        if names.is_empty() {
+            return WindowIndices {
+                path: format!("{base}-*"),
+                months,
+            };
+        }
+        let names: Vec<String> = names.iter().map(|m| format!("{base}-{m}")).collect();
+        WindowIndices {
+            path: names.join(","),
+            months,
+        }
+    }
+}
+
+/// Most monthly indices named one by one in a search path.
+pub const MAX_NAMED_MONTHS: usize = 15;
+
+/// The indices of a windowed read, and how many months the window spans
+/// (one month means each counter's buckets in the window lie on one shard).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WindowIndices {
+    pub path: String,
+    pub months: usize,
+}
+
+/// How many calendar months the window overlaps, and their `YYYY.MM`
+/// names, oldest first, when there are at most [`MAX_NAMED_MONTHS`].
+fn months_of(window: Window) -> (usize, Vec<String>) {
+    use chrono::Datelike;
+    let month_index =
+        |day: i64| day_start(day).map(|d| i64::from(d.year()) * 12 + i64::from(d.month0()));
+    let (Some(first), Some(last)) = (month_index(window.from_day), month_index(window.to_day))
+    else {
+        return (usize::MAX, Vec::new());
+    };
+    let count = usize::try_from(last - first + 1).unwrap_or(0);
+    if count > MAX_NAMED_MONTHS {
+        return (count, Vec::new());
+    }
+    let names = (first..=last)
+        .map(|m| format!("{:04}.{:02}", m.div_euclid(12), m.rem_euclid(12) + 1))
+        .collect();
+    (count, names)
 }
 
 /// `YYYY.MM` of a UTC day.
@@ -119,11 +189,22 @@ pub enum Target {
     Counter,
     /// The bucket of one UTC day (days since the epoch).
     Bucket(i64),
+    /// An average counter: `delta` adds to its sum, `quantity` to its samples.
+    Average,
+    /// The day bucket of an average counter.
+    AverageBucket(i64),
+}
+
+impl Target {
+    fn is_average(self) -> bool {
+        matches!(self, Target::Average | Target::AverageBucket(_))
+    }
 }
 
 /// One event carrying an idempotency id, passed to the script on its own
-/// (`[id, delta, ts_ms, category, position]`) so the script can skip it when
-/// the document has already counted that id.
+/// (`[id, delta, ts_ms, category, position]`, plus `quantity` for average
+/// samples) so the script can skip it when the document has already counted
+/// that id.
 #[derive(Clone, Debug, PartialEq)]
 pub struct IdEvent {
     pub id: Arc<str>,
@@ -133,6 +214,8 @@ pub struct IdEvent {
     /// Arrival position in the flush, so "last category wins" holds across
     /// the summed part and the events with ids.
     pub pos: u64,
+    /// Samples only: 1 for a sample, -1 for a retraction; 0 for counters.
+    pub quantity: i64,
 }
 
 /// The scripted upsert of one document in one flush.
@@ -142,6 +225,8 @@ pub struct DocWrite {
     pub target: Target,
     /// Sum of the events without an id.
     pub delta: i64,
+    /// Averages only: sum of the quantities of the events without an id.
+    pub quantity: i64,
     pub first_ms: Option<i64>,
     pub last_ms: Option<i64>,
     /// Last category given by an event without an id, with its position.
@@ -157,6 +242,7 @@ impl DocWrite {
             key,
             target,
             delta: 0,
+            quantity: 0,
             first_ms: None,
             last_ms: None,
             category: None,
@@ -170,16 +256,19 @@ impl DocWrite {
     /// category are not taken back: max, min and last-wins have no inverse.
     pub fn undo(&self, skipped: &[usize]) -> DocWrite {
         let mut delta = -i128::from(self.delta);
+        let mut quantity = -i128::from(self.quantity);
         let mut forget = Vec::new();
         for (i, e) in self.events.iter().enumerate() {
             if !skipped.contains(&i) {
                 delta -= i128::from(e.delta);
+                quantity -= i128::from(e.quantity);
                 forget.push(e.id.clone());
             }
         }
         let mut u = DocWrite::new(self.key.clone(), self.target);
         // Fits: it is the negation of what the document accepted.
         u.delta = i64::try_from(delta).unwrap_or(0);
+        u.quantity = i64::try_from(quantity).unwrap_or(0);
         u.forget = forget;
         u
     }
@@ -202,22 +291,33 @@ pub struct Plan {
 pub struct PlanOverflow(pub CounterKey);
 
 /// Plans one `_bulk` for `requests`: events without an id are summed per
-/// document (coalescing); events with an id are passed one by one.
+/// document (coalescing); events with an id are passed one by one. Average
+/// samples go to the average document and its day bucket (a key may name
+/// both a counter and an average: they are different documents).
 pub fn plan(requests: &[&[Increment]]) -> Result<Plan, PlanOverflow> {
     let mut plan = Plan::default();
-    // key -> (counter write, [(day, bucket write)]) while building.
-    let mut by_key: HashMap<CounterKey, usize> = HashMap::new();
+    // (is average, key) -> (main write, [(day, bucket write)]) while building.
+    let mut by_key: HashMap<(bool, CounterKey), usize> = HashMap::new();
     let mut groups: Vec<(usize, Vec<(i64, usize)>)> = Vec::new();
     let mut writes: Vec<DocWrite> = Vec::new();
-    let mut sums: Vec<i128> = Vec::new();
+    let mut sums: Vec<(i128, i128)> = Vec::new();
     let mut pos = 0u64;
     for events in requests {
         let mut touches = Vec::new();
         let mut ids = Vec::new();
         for inc in events.iter() {
-            let g = *by_key.entry(inc.key.clone()).or_insert_with(|| {
-                writes.push(DocWrite::new(inc.key.clone(), Target::Counter));
-                sums.push(0);
+            let (sample, quantity) = match inc.kind {
+                Kind::Counter => (false, 0i64),
+                Kind::Sample { quantity } => (true, i64::from(quantity)),
+            };
+            let (main_target, bucket_target) = if sample {
+                (Target::Average, Target::AverageBucket(inc.day))
+            } else {
+                (Target::Counter, Target::Bucket(inc.day))
+            };
+            let g = *by_key.entry((sample, inc.key.clone())).or_insert_with(|| {
+                writes.push(DocWrite::new(inc.key.clone(), main_target));
+                sums.push((0, 0));
                 groups.push((writes.len() - 1, Vec::new()));
                 groups.len() - 1
             });
@@ -225,8 +325,8 @@ pub fn plan(requests: &[&[Increment]]) -> Result<Plan, PlanOverflow> {
             let bucket = match groups[g].1.iter().find(|(d, _)| *d == inc.day) {
                 Some(&(_, w)) => w,
                 None => {
-                    writes.push(DocWrite::new(inc.key.clone(), Target::Bucket(inc.day)));
-                    sums.push(0);
+                    writes.push(DocWrite::new(inc.key.clone(), bucket_target));
+                    sums.push((0, 0));
                     groups[g].1.push((inc.day, writes.len() - 1));
                     writes.len() - 1
                 }
@@ -244,10 +344,12 @@ pub fn plan(requests: &[&[Increment]]) -> Result<Plan, PlanOverflow> {
                             ts_ms: inc.ts_ms,
                             category: inc.category.clone(),
                             pos,
+                            quantity,
                         });
                     }
                     None => {
-                        sums[w] += i128::from(inc.delta);
+                        sums[w].0 += i128::from(inc.delta);
+                        sums[w].1 += i128::from(quantity);
                         dw.first_ms = Some(dw.first_ms.map_or(inc.ts_ms, |m| m.min(inc.ts_ms)));
                         dw.last_ms = Some(dw.last_ms.map_or(inc.ts_ms, |m| m.max(inc.ts_ms)));
                         if let Some(c) = &inc.category {
@@ -264,8 +366,9 @@ pub fn plan(requests: &[&[Increment]]) -> Result<Plan, PlanOverflow> {
         plan.touches.push(touches);
         plan.id_events.push(ids);
     }
-    for (w, sum) in writes.iter_mut().zip(&sums) {
+    for (w, (sum, quantity)) in writes.iter_mut().zip(&sums) {
         w.delta = i64::try_from(*sum).map_err(|_| PlanOverflow(w.key.clone()))?;
+        w.quantity = i64::try_from(*quantity).map_err(|_| PlanOverflow(w.key.clone()))?;
     }
     // Lay writes out key by key: counter, then its buckets.
     let mut order = Vec::with_capacity(writes.len());
@@ -300,6 +403,8 @@ pub fn plan(requests: &[&[Increment]]) -> Result<Plan, PlanOverflow> {
 pub struct WriteSettings {
     pub counter_script: String,
     pub bucket_script: String,
+    pub average_script: String,
+    pub average_bucket_script: String,
     pub retry_on_conflict: u32,
     /// The clock of this flush: when ids are marked seen.
     pub now_ms: i64,
@@ -315,6 +420,19 @@ pub const COUNTER_FIELDS: &[&str] = &[
     "action",
     "uuid",
     "value",
+    "category",
+    "first_timestamp",
+    "recorded_timestamp",
+    "skipped_events",
+];
+
+/// Fields of an average document answered after an update and read by get.
+pub const AVERAGE_FIELDS: &[&str] = &[
+    "entity",
+    "action",
+    "uuid",
+    "sum",
+    "quantity",
     "category",
     "first_timestamp",
     "recorded_timestamp",
@@ -339,10 +457,13 @@ pub fn action(w: &DocWrite, names: &IndexNames, s: &WriteSettings) -> BulkAction
     p.insert("entity".into(), json!(&*w.key.entity));
     p.insert("action".into(), json!(&*w.key.action));
     p.insert("uuid".into(), json!(&*w.key.uuid));
-    if let Target::Bucket(day) = w.target {
+    if let Target::Bucket(day) | Target::AverageBucket(day) = w.target {
         p.insert("day".into(), json!(day * 86_400_000));
     }
     p.insert("delta".into(), json!(w.delta));
+    if w.target.is_average() {
+        p.insert("quantity".into(), json!(w.quantity));
+    }
     if let (Some(first), Some(last)) = (w.first_ms, w.last_ms) {
         p.insert("first_ms".into(), json!(first));
         p.insert("last_ms".into(), json!(last));
@@ -355,7 +476,20 @@ pub fn action(w: &DocWrite, names: &IndexNames, s: &WriteSettings) -> BulkAction
         let events: Vec<Value> = w
             .events
             .iter()
-            .map(|e| json!([&*e.id, e.delta, e.ts_ms, e.category.as_deref(), e.pos]))
+            .map(|e| {
+                if w.target.is_average() {
+                    json!([
+                        &*e.id,
+                        e.delta,
+                        e.ts_ms,
+                        e.category.as_deref(),
+                        e.pos,
+                        e.quantity
+                    ])
+                } else {
+                    json!([&*e.id, e.delta, e.ts_ms, e.category.as_deref(), e.pos])
+                }
+            })
             .collect();
         p.insert("events".into(), Value::Array(events));
     }
@@ -381,6 +515,20 @@ pub fn action(w: &DocWrite, names: &IndexNames, s: &WriteSettings) -> BulkAction
             bucket_doc_id(&counter_id, day),
             Some(counter_id.clone()),
             &s.bucket_script,
+            &["skipped_events"],
+        ),
+        Target::Average => (
+            names.averages(),
+            counter_id.clone(),
+            None,
+            &s.average_script,
+            AVERAGE_FIELDS,
+        ),
+        Target::AverageBucket(day) => (
+            names.average_buckets(day),
+            bucket_doc_id(&counter_id, day),
+            Some(counter_id.clone()),
+            &s.average_bucket_script,
             &["skipped_events"],
         ),
     };

@@ -14,6 +14,10 @@ pub const SCRIPT_VERSION: u32 = 1;
 const COUNTER_SCRIPT: &str =
     include_str!("../../../index-templates/scripts/counter-update.painless");
 const BUCKET_SCRIPT: &str = include_str!("../../../index-templates/scripts/bucket-update.painless");
+const AVERAGE_SCRIPT: &str =
+    include_str!("../../../index-templates/scripts/average-update.painless");
+const AVERAGE_BUCKET_SCRIPT: &str =
+    include_str!("../../../index-templates/scripts/average-bucket-update.painless");
 const ILM_BUCKETS: &str = include_str!("../../../index-templates/ilm/bucket-retention.json");
 
 const COMPONENTS: &[(&str, &str)] = &[
@@ -70,6 +74,14 @@ pub fn counter_script_id(prefix: &str) -> String {
 
 pub fn bucket_script_id(prefix: &str) -> String {
     format!("{prefix}-bucket-update-v{SCRIPT_VERSION}")
+}
+
+pub fn average_script_id(prefix: &str) -> String {
+    format!("{prefix}-average-update-v{SCRIPT_VERSION}")
+}
+
+pub fn average_bucket_script_id(prefix: &str) -> String {
+    format!("{prefix}-average-bucket-update-v{SCRIPT_VERSION}")
 }
 
 pub fn ilm_policy_name(prefix: &str) -> String {
@@ -167,6 +179,8 @@ pub fn steps(names: &IndexNames) -> Vec<Step> {
     for (id, source) in [
         (counter_script_id(prefix), COUNTER_SCRIPT),
         (bucket_script_id(prefix), BUCKET_SCRIPT),
+        (average_script_id(prefix), AVERAGE_SCRIPT),
+        (average_bucket_script_id(prefix), AVERAGE_BUCKET_SCRIPT),
     ] {
         out.push(Step {
             kind: Kind::Script,
@@ -228,7 +242,7 @@ mod tests {
     fn every_file_parses_and_steps_are_ordered() {
         let names = IndexNames::new("counter-gateway", "default").unwrap();
         let s = steps(&names);
-        assert_eq!(s.len(), 2 + 1 + COMPONENTS.len() + INDEX_TEMPLATES.len());
+        assert_eq!(s.len(), 4 + 1 + COMPONENTS.len() + INDEX_TEMPLATES.len());
         assert_eq!(s[0].path, "/_scripts/counter-gateway-counter-update-v1");
         assert_eq!(s.last().unwrap().kind, Kind::IndexTemplate);
     }
