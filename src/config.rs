@@ -21,12 +21,28 @@ use crate::store::sqlite::Durability;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+
+    /// Log lines as `plain` text or as one `json` object per line.
+    #[arg(
+        long,
+        global = true,
+        env = "COUNTER_GATEWAY_LOG_FORMAT",
+        value_enum,
+        default_value = "plain"
+    )]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Plain,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the HTTP gateway.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Install the Elasticsearch index templates, ILM policy and stored scripts, then exit.
     Setup(crate::store::elasticsearch::SetupArgs),
 }
@@ -104,6 +120,40 @@ pub struct ServeArgs {
     #[arg(long, env = "COUNTER_GATEWAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 
+    /// File of API keys, one per line: `<role> <tenant|*> <sha256-hex-of-key>`,
+    /// role `write`, `read` or `admin` (see the README). Without any key the
+    /// gateway listens on loopback only.
+    #[arg(long, env = "COUNTER_GATEWAY_API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
+
+    /// API keys in the format of --api-keys-file, entries separated by `;`.
+    #[arg(long, env = "COUNTER_GATEWAY_API_KEYS", hide_env_values = true)]
+    pub api_keys: Option<String>,
+
+    /// Serve without API keys on an address other than loopback: anyone who
+    /// reaches it can read, write and delete every tenant's counters.
+    #[arg(long, env = "COUNTER_GATEWAY_ALLOW_UNAUTHENTICATED")]
+    pub allow_unauthenticated: bool,
+
+    /// Origins whose pages may call the API from a browser, comma-separated
+    /// (e.g. `https://shop.example,https://www.shop.example`; `*` for any).
+    #[arg(long, env = "COUNTER_GATEWAY_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+
+    /// Longest a request may take, reading its body included; past it the
+    /// answer is 503 `timeout`. `0s` turns the limit off.
+    #[arg(long, env = "COUNTER_GATEWAY_REQUEST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Requests a second per client (API key, else IP address), in bursts of
+    /// as many; past it, 429 with Retry-After. Off when absent.
+    #[arg(long, env = "COUNTER_GATEWAY_RATE_LIMIT_PER_SECOND")]
+    pub rate_limit_per_second: Option<u32>,
+
+    /// Most tenants served (each has its own store and pipeline), the default included.
+    #[arg(long, env = "COUNTER_GATEWAY_MAX_TENANTS", default_value_t = 1000)]
+    pub max_tenants: usize,
+
     #[command(flatten)]
     pub elasticsearch: crate::store::elasticsearch::ElasticsearchArgs,
 }
@@ -137,6 +187,38 @@ impl ServeArgs {
         }
         chrono::Duration::from_std(self.max_clock_skew)
             .map_err(|_| "--max-clock-skew is too large".to_string())?;
+        if self.max_tenants == 0 {
+            return Err("--max-tenants must be at least 1".into());
+        }
+        if self.rate_limit_per_second == Some(0) {
+            return Err(
+                "--rate-limit-per-second must be at least 1 (leave it out for no limit)".into(),
+            );
+        }
+        crate::api::edge::cors(&self.cors_origins)?;
+        Ok(())
+    }
+
+    /// The configured API keys, from the file and the environment.
+    pub fn keys(&self) -> Result<crate::auth::Keys, String> {
+        let mut keys = crate::auth::Keys::default();
+        if let Some(path) = &self.api_keys_file {
+            keys.add_file(path)?;
+        }
+        if let Some(text) = &self.api_keys {
+            keys.add(text, "--api-keys")?;
+        }
+        Ok(keys)
+    }
+
+    /// Refuses to serve without keys on anything but loopback, unless told to.
+    pub fn check_exposure(&self, keys: &crate::auth::Keys) -> Result<(), String> {
+        if keys.is_empty() && !self.listen.ip().is_loopback() && !self.allow_unauthenticated {
+            return Err(format!(
+                "refusing to listen on {} without API keys: anyone reaching it could read, write and delete every counter. Configure keys (--api-keys-file or COUNTER_GATEWAY_API_KEYS), listen on 127.0.0.1, or pass --allow-unauthenticated",
+                self.listen
+            ));
+        }
         Ok(())
     }
 
@@ -173,7 +255,7 @@ mod tests {
         let mut all = vec!["counter-gateway", "serve"];
         all.extend_from_slice(args);
         match Cli::try_parse_from(all).unwrap().command {
-            Command::Serve(a) => a,
+            Command::Serve(a) => *a,
             Command::Setup(_) => unreachable!("parsed as serve"),
         }
     }
@@ -184,6 +266,27 @@ mod tests {
         assert_eq!(a.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(a.durability, Durability::Full);
         assert!(a.validate().is_ok());
+    }
+
+    #[test]
+    fn no_keys_on_a_public_address_is_refused_unless_allowed() {
+        let keys = crate::auth::Keys::default();
+        assert!(parse(&[]).check_exposure(&keys).is_ok());
+        let e = parse(&["--listen", "0.0.0.0:8080"])
+            .check_exposure(&keys)
+            .unwrap_err();
+        assert!(e.contains("--allow-unauthenticated"), "{e}");
+        assert!(
+            parse(&["--listen", "0.0.0.0:8080", "--allow-unauthenticated"])
+                .check_exposure(&keys)
+                .is_ok()
+        );
+        let line = format!("admin * {}", crate::auth::digest_hex("k"));
+        let a = parse(&["--listen", "[::]:8080", "--api-keys", &line]);
+        assert!(a.check_exposure(&a.keys().unwrap()).is_ok());
+        assert!(parse(&["--cors-origins", "shop.example"])
+            .validate()
+            .is_err());
     }
 
     #[test]

@@ -26,6 +26,12 @@ pub enum ApiError {
     /// A batch with bad events; nothing of it was applied.
     #[error("{} invalid event(s) in the batch; none of its events was applied", .0.len())]
     InvalidEvents(Vec<EventError>),
+    /// No API key, or not a configured one (401 with `WWW-Authenticate`).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// A valid key of the wrong role or tenant.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     NotFound(String),
     #[error("method not allowed")]
@@ -42,6 +48,12 @@ pub enum ApiError {
     Overloaded,
     #[error("{0}")]
     Unavailable(String),
+    /// Too many requests from this client; retry after this many seconds.
+    #[error("too many requests from this client; retry after {0} second(s)")]
+    RateLimited(u64),
+    /// The request took longer than `--request-timeout`.
+    #[error("the request did not finish within {0:?}; a write may or may not have been applied (send an event id to retry safely)")]
+    Timeout(std::time::Duration),
     #[error("internal error")]
     Internal(String),
 }
@@ -50,12 +62,17 @@ impl ApiError {
     fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) | ApiError::InvalidEvents(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Overflow(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Overloaded | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Overloaded | ApiError::Unavailable(_) | ApiError::Timeout(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -64,6 +81,8 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => "invalid_request",
             ApiError::InvalidEvents(_) => "invalid_events",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Overflow(_) => "counter_overflow",
@@ -71,6 +90,8 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Overloaded => "overloaded",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::RateLimited(_) => "rate_limited",
+            ApiError::Timeout(_) => "timeout",
             ApiError::Internal(_) => "internal_error",
         }
     }
@@ -108,9 +129,20 @@ impl IntoResponse for ApiError {
             },
         };
         let mut res = (status, axum::Json(body)).into_response();
-        if matches!(self, ApiError::Overloaded) {
-            res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        match self {
+            ApiError::Overloaded => {
+                res.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            ApiError::RateLimited(secs) => {
+                res.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            }
+            ApiError::Unauthorized(_) => {
+                res.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
         }
         res
     }

@@ -2,6 +2,8 @@
 //!
 //! A request finds its way through these modules, in order:
 //! - [`api`]: routes and thin handlers; bodies parsed into [`domain`] values;
+//!   [`auth`] keys and roles say who may call what, on which tenant;
+//! - [`tenant`]: each tenant's own store and pipeline;
 //! - [`domain`]: counter keys, names, increments, time rules;
 //! - [`pipeline`]: the bounded queue and the flusher that coalesces and
 //!   group-commits every request that arrived while the last flush ran;
@@ -11,12 +13,15 @@
 //! [`server`] the start-up and orderly shutdown.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod domain;
 pub mod error;
 pub mod metrics;
 pub mod pipeline;
+pub mod ratelimit;
 pub mod server;
 pub mod store;
+pub mod tenant;
 
-pub use api::{router, AppState, Limits};
+pub use api::{gateway_router, router, AppState, Gateway, Limits};

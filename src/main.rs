@@ -1,17 +1,23 @@
+//! The `counter-gateway` binary: parse the command line, set up logging, run.
+
 use clap::Parser;
-use counter_gateway::config::{Cli, Command};
+use counter_gateway::config::{Cli, Command, LogFormat};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
+    let cli = Cli::parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        // One JSON object per line, fields at the top, for log shippers.
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+        LogFormat::Plain => logs.init(),
+    }
     let result = match cli.command {
-        Command::Serve(args) => counter_gateway::server::serve(args).await,
+        Command::Serve(args) => counter_gateway::server::serve(*args).await,
         Command::Setup(args) => counter_gateway::server::setup(args).await,
     };
     match result {

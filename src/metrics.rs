@@ -1,11 +1,154 @@
 //! Operational counters, declared in one place and rendered for Prometheus.
+//!
+//! Requests are counted by matched route pattern (one of [`ROUTES`]), never
+//! by raw path, so a client cannot grow the set of series.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+/// Every route pattern of the API, as the router matches it.
+pub const ROUTES: &[&str] = &[
+    "/v1/counters/{entity}/{action}/{uuid}",
+    "/v1/counters/{entity}/{action}/{uuid}/increment",
+    "/v1/counters/{entity}/{action}/{uuid}/decrement",
+    "/v1/counters/{entity}/{action}/{uuid}/histogram",
+    "/v1/targets/{entity}/{uuid}/counters",
+    "/v1/events",
+    "/v1/top/{entity}/{action}",
+    "/v1/top-averages/{entity}/{action}",
+    "/v1/averages/{entity}/{action}/{uuid}",
+    "/v1/reports/stale",
+    "/v1/reports/unused",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/openapi.json",
+];
+/// The route label of requests no route matched.
+pub const UNMATCHED: usize = ROUTES.len();
+const ROUTE_LABELS: usize = ROUTES.len() + 1;
+
+const METHODS: [&str; 4] = ["GET", "POST", "DELETE", "OTHER"];
+/// Statuses counted on their own; any other is counted as `other`.
+const STATUSES: [u16; 15] = [
+    200, 204, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 0,
+];
+/// Upper bounds of the request latency buckets, in seconds.
+const LATENCY_BOUNDS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0,
+];
+/// Upper bounds of the flush size buckets, in increments.
+const FLUSH_SIZE_BOUNDS: [f64; 7] = [1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6];
+/// Upper bounds of the flush duration buckets, in seconds.
+const FLUSH_SECONDS_BOUNDS: [f64; 9] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5];
+
+/// The index of a matched route pattern in [`ROUTES`].
+pub fn route_index(pattern: &str) -> usize {
+    ROUTES
+        .iter()
+        .position(|r| *r == pattern)
+        .unwrap_or(UNMATCHED)
+}
+
+/// A Prometheus histogram with fixed bounds: one atomic per bucket, no lock.
+struct Histogram {
+    bounds: &'static [f64],
+    /// Per bucket (not cumulative), then +Inf.
+    buckets: Vec<AtomicU64>,
+    /// Sum in millionths of the unit.
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, v: f64) {
+        let i = self
+            .bounds
+            .iter()
+            .position(|b| v <= *b)
+            .unwrap_or(self.bounds.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_micros.fetch_add((v * 1e6) as u64, Relaxed);
+    }
+
+    fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Relaxed)).sum()
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            cumulative += b.load(Relaxed);
+            let le = self
+                .bounds
+                .get(i)
+                .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(
+            out,
+            "{name}_sum{braces} {}\n{name}_count{braces} {cumulative}",
+            self.sum_micros.load(Relaxed) as f64 / 1e6
+        );
+    }
+}
+
+/// Requests by route, method and status, and their latency by route and method.
+struct HttpMetrics {
+    /// `[route][method][status]`, flattened.
+    requests: Vec<AtomicU64>,
+    /// `[route][method]`, flattened.
+    latency: Vec<Histogram>,
+}
+
+impl Default for HttpMetrics {
+    fn default() -> Self {
+        HttpMetrics {
+            requests: (0..ROUTE_LABELS * METHODS.len() * STATUSES.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            latency: (0..ROUTE_LABELS * METHODS.len())
+                .map(|_| Histogram::new(&LATENCY_BOUNDS))
+                .collect(),
+        }
+    }
+}
+
+struct FlushHistograms {
+    size: Histogram,
+    seconds: Histogram,
+}
+
+impl Default for FlushHistograms {
+    fn default() -> Self {
+        FlushHistograms {
+            size: Histogram::new(&FLUSH_SIZE_BOUNDS),
+            seconds: Histogram::new(&FLUSH_SECONDS_BOUNDS),
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Metrics {
+    http: HttpMetrics,
+    flush_histograms: FlushHistograms,
     flushes: AtomicU64,
     flushed_increments: AtomicU64,
     store_writes: AtomicU64,
@@ -22,6 +165,31 @@ impl Metrics {
         self.store_writes.fetch_add(store_writes as u64, Relaxed);
         self.flush_micros
             .fetch_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX), Relaxed);
+        self.flush_histograms.size.observe(increments as f64);
+        self.flush_histograms.seconds.observe(took.as_secs_f64());
+    }
+
+    /// One answered request; `route` from [`route_index`] or [`UNMATCHED`].
+    pub fn record_request(
+        &self,
+        route: usize,
+        method: &axum::http::Method,
+        status: u16,
+        took: Duration,
+    ) {
+        let m = match *method {
+            axum::http::Method::GET => 0,
+            axum::http::Method::POST => 1,
+            axum::http::Method::DELETE => 2,
+            _ => 3,
+        };
+        let s = STATUSES
+            .iter()
+            .position(|x| *x == status)
+            .unwrap_or(STATUSES.len() - 1);
+        let rm = route.min(UNMATCHED) * METHODS.len() + m;
+        self.http.requests[rm * STATUSES.len() + s].fetch_add(1, Relaxed);
+        self.http.latency[rm].observe(took.as_secs_f64());
     }
 
     pub fn record_store_error(&self) {
@@ -83,6 +251,76 @@ impl Metrics {
             "Events queued or being flushed.",
             queue_depth as f64,
         );
+        let (incs, writes) = (
+            self.flushed_increments.load(Relaxed),
+            self.store_writes.load(Relaxed),
+        );
+        put(
+            "counter_gateway_increments_per_store_write",
+            "gauge",
+            "Increments received per store operation sent, since start (coalescing at work).",
+            if writes == 0 {
+                0.0
+            } else {
+                incs as f64 / writes as f64
+            },
+        );
+        self.render_histograms(&mut out);
         out
+    }
+
+    fn render_histograms(&self, out: &mut String) {
+        let name = "counter_gateway_flush_increments";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Increments per applied flush.\n# TYPE {name} histogram"
+        );
+        self.flush_histograms.size.render(out, name, "");
+        let name = "counter_gateway_flush_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time to apply one flush.\n# TYPE {name} histogram"
+        );
+        self.flush_histograms.seconds.render(out, name, "");
+
+        let name = "counter_gateway_http_requests_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Answered requests by matched route, method and status.\n# TYPE {name} counter"
+        );
+        let route_name = |r: usize| ROUTES.get(r).copied().unwrap_or("unmatched");
+        for (i, c) in self.http.requests.iter().enumerate() {
+            let n = c.load(Relaxed);
+            if n == 0 {
+                continue;
+            }
+            let (rm, s) = (i / STATUSES.len(), i % STATUSES.len());
+            let status = match STATUSES[s] {
+                0 => "other".to_string(),
+                code => code.to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "{name}{{route=\"{}\",method=\"{}\",status=\"{status}\"}} {n}",
+                route_name(rm / METHODS.len()),
+                METHODS[rm % METHODS.len()]
+            );
+        }
+        let name = "counter_gateway_http_request_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Request latency by matched route and method.\n# TYPE {name} histogram"
+        );
+        for (rm, h) in self.http.latency.iter().enumerate() {
+            if h.count() == 0 {
+                continue;
+            }
+            let labels = format!(
+                "route=\"{}\",method=\"{}\"",
+                route_name(rm / METHODS.len()),
+                METHODS[rm % METHODS.len()]
+            );
+            h.render(out, name, &labels);
+        }
     }
 }

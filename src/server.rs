@@ -5,56 +5,105 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::api::{self, AppState};
+use crate::api::{self, Gateway};
 use crate::config::ServeArgs;
 use crate::metrics::Metrics;
-use crate::pipeline::Pipeline;
 use crate::store::elasticsearch::{ElasticsearchStore, SetupArgs};
 use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
+use crate::tenant::{OpenStore, Tenants, DEFAULT_TENANT};
 
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     args.validate()?;
-    let store: Arc<dyn Store> = match args.elasticsearch.to_config(args.idempotency_window)? {
+    let keys = args.keys()?;
+    args.check_exposure(&keys)?;
+    let (store, open): (Arc<dyn Store>, OpenStore) = match args
+        .elasticsearch
+        .to_config(args.idempotency_window)?
+    {
         Some(es) => {
             let (url, prefix) = (es.url.clone(), es.names.prefix().to_string());
+            // Templates and scripts are installed once, for every tenant.
             let store = ElasticsearchStore::open(es, !args.elasticsearch.skip_setup)
                 .await
                 .map_err(|e| e.to_string())?;
             tracing::info!(%url, index_prefix = %prefix, "elasticsearch store open");
-            Arc::new(store)
+            let base = store
+                .for_tenant(DEFAULT_TENANT)
+                .map_err(|e| e.to_string())?;
+            let open: OpenStore = Box::new(move |tenant| {
+                base.for_tenant(tenant)
+                    .map(|s| Arc::new(s) as Arc<dyn Store>)
+                    .map_err(|e| e.to_string())
+            });
+            (Arc::new(store), open)
         }
         None => {
             let store = SqliteStore::open(&args.data_dir, args.durability, args.idempotency_window)
                 .map_err(|e| e.to_string())?;
             tracing::info!(data_dir = %args.data_dir.display(), durability = ?args.durability, "embedded store open");
-            Arc::new(store)
+            (
+                Arc::new(store),
+                crate::tenant::embedded(&args.data_dir, args.durability, args.idempotency_window),
+            )
         }
     };
     let metrics = Arc::new(Metrics::default());
-    let (pipeline, flusher) = Pipeline::start(store.clone(), args.pipeline(), metrics.clone());
-    let state = AppState {
+    let tenants = Tenants::start(
         store,
-        pipeline: pipeline.clone(),
-        time_policy: args.time_policy(),
-        limits: args.limits(),
+        args.pipeline(),
+        args.time_policy(),
+        args.limits(),
+        metrics.clone(),
+        Some(open),
+        args.max_tenants,
+    );
+    tracing::info!(
+        keys = keys.len(),
+        cors_origins = ?args.cors_origins,
+        rate_limit_per_second = ?args.rate_limit_per_second,
+        request_timeout = ?args.request_timeout,
+        max_tenants = args.max_tenants,
+        "access"
+    );
+    let gateway = Gateway {
+        tenants: Arc::new(tenants),
+        keys: Arc::new(keys),
+        rate_limit: args
+            .rate_limit_per_second
+            .map(|n| Arc::new(crate::ratelimit::RateLimiter::new(n))),
+        request_timeout: (!args.request_timeout.is_zero()).then_some(args.request_timeout),
+        cors_origins: args.cors_origins.clone().into(),
         metrics,
     };
+    let tenants = gateway.tenants.clone();
+    let app = api::gateway_router(gateway)?;
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%addr, "listening");
 
-    axum::serve(listener, api::router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| format!("server error: {e}"))?;
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await
+    .map_err(|e| format!("server error: {e}"))?;
 
-    tracing::info!("no longer accepting; flushing what is queued");
-    pipeline.close();
-    match tokio::time::timeout(args.shutdown_timeout, flusher).await {
-        Ok(_) => tracing::info!("stopped cleanly"),
+    tracing::info!(
+        tenants = tenants.count(),
+        "no longer accepting; flushing what is queued"
+    );
+    let flushers = tenants.close();
+    let all = async {
+        for f in flushers {
+            let _ = f.await;
+        }
+    };
+    match tokio::time::timeout(args.shutdown_timeout, all).await {
+        Ok(()) => tracing::info!("stopped cleanly"),
         Err(_) => tracing::warn!("flush at shutdown did not finish in time"),
     }
     Ok(())

@@ -4,13 +4,12 @@
 
 use std::borrow::Cow;
 
-use axum::extract::State;
+use super::access::{Reader, Writer};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::extract::{parse_json, JsonBytes, PathParams, QueryParams};
 use super::queries::{mean, window, KeyPath, WindowJson};
-use super::AppState;
 use crate::domain::{format_ms, Increment, Resolved, SampleSpec};
 use crate::error::ApiError;
 use crate::store::Average;
@@ -71,7 +70,7 @@ impl AverageJson {
 
 /// Adds (or retracts) one sample and answers the all-time average after it.
 pub async fn post(
-    State(app): State<AppState>,
+    Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<AverageJson>, ApiError> {
@@ -115,7 +114,7 @@ pub struct AverageParams {
 /// `GET /v1/averages/{entity}/{action}/{uuid}`: sum, quantity and average,
 /// all time (default) or inside a window.
 pub async fn get(
-    State(app): State<AppState>,
+    Reader(app): Reader,
     PathParams(path): PathParams<KeyPath>,
     QueryParams(p): QueryParams<AverageParams>,
 ) -> Result<Json<AverageJson>, ApiError> {

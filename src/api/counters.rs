@@ -1,6 +1,6 @@
 //! Handlers for one counter and for the counters of one target.
 
-use axum::extract::State;
+use super::access::{Admin, Reader, Writer};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +24,7 @@ impl KeyPath {
 }
 
 pub async fn increment(
-    State(app): State<AppState>,
+    Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<Counter>, ApiError> {
@@ -32,7 +32,7 @@ pub async fn increment(
 }
 
 pub async fn decrement(
-    State(app): State<AppState>,
+    Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<Counter>, ApiError> {
@@ -68,7 +68,7 @@ async fn add(
 }
 
 pub async fn get(
-    State(app): State<AppState>,
+    Reader(app): Reader,
     PathParams(path): PathParams<KeyPath>,
 ) -> Result<Json<Counter>, ApiError> {
     let key = path.key()?;
@@ -85,7 +85,7 @@ pub struct Deleted {
 }
 
 pub async fn delete(
-    State(app): State<AppState>,
+    Admin(app): Admin,
     PathParams(path): PathParams<KeyPath>,
 ) -> Result<Json<Deleted>, ApiError> {
     let key = path.key()?;
@@ -110,7 +110,7 @@ pub struct TargetCounters {
 }
 
 pub async fn target(
-    State(app): State<AppState>,
+    Reader(app): Reader,
     PathParams(path): PathParams<TargetPath>,
 ) -> Result<Json<TargetCounters>, ApiError> {
     crate::domain::validate_name("entity", &path.entity).map_err(ApiError::BadRequest)?;

@@ -1,7 +1,7 @@
 //! `POST /v1/events`: a batch of increments, validated whole before any is
 //! applied, and applied as one submission.
 
-use axum::extract::State;
+use super::access::Writer;
 use axum::Json;
 use chrono::{DateTime, Utc};
 
@@ -12,7 +12,7 @@ use crate::domain::Increment;
 use crate::error::{ApiError, EventError};
 
 pub async fn post(
-    State(app): State<AppState>,
+    Writer(app): Writer,
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<EventsAccepted>, ApiError> {
     if body.is_empty() {

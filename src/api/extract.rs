@@ -29,14 +29,28 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
 /// Query-string parameters; an unknown or repeated one is a 400 in our shape
 /// naming it. Give `T` `#[serde(deny_unknown_fields)]` and string fields, and
 /// parse values in the handler, so each error can name its parameter.
+/// `key` and `tenant` belong to the access layer and are left out.
 pub struct QueryParams<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for QueryParams<T> {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        axum::extract::Query::<T>::from_request_parts(parts, state)
-            .await
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let query = parts.uri.query().unwrap_or_default();
+        let own = |pair: &&str| {
+            let name = pair.split('=').next().unwrap_or_default();
+            !super::access::ACCESS_PARAMS.contains(&name)
+        };
+        let result = if query.split('&').all(|p| own(&p)) {
+            axum::extract::Query::<T>::try_from_uri(&parts.uri)
+        } else {
+            let kept: Vec<&str> = query.split('&').filter(own).collect();
+            let uri: axum::http::Uri = format!("/?{}", kept.join("&"))
+                .parse()
+                .map_err(|_| ApiError::BadRequest("bad query string".into()))?;
+            axum::extract::Query::<T>::try_from_uri(&uri)
+        };
+        result
             .map(|q| QueryParams(q.0))
             .map_err(|e: QueryRejection| {
                 ApiError::BadRequest(format!("bad query string: {}", e.body_text()))

@@ -2,16 +2,20 @@
 //! request into domain values, calls the pipeline or the store, and maps the
 //! answer; it holds no storage logic.
 
+pub mod access;
 mod averages;
 mod counters;
+pub mod edge;
 mod events;
 mod extract;
 mod model;
+pub mod openapi;
 mod ops;
 mod queries;
 mod reports;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -22,6 +26,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::store::Store;
+use crate::tenant::Tenants;
 
 /// Request limits enforced at the edge.
 #[derive(Clone, Copy, Debug)]
@@ -39,7 +44,8 @@ impl Default for Limits {
     }
 }
 
-/// Everything a handler may need, cheap to clone.
+/// Everything a handler may need for one tenant, cheap to clone: handlers
+/// get it from the [`access`] extractors, for the request's tenant only.
 #[derive(Clone)]
 pub struct AppState {
     pub store: Arc<dyn Store>,
@@ -49,10 +55,45 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
 }
 
-/// The whole HTTP API over `state`; tests drive exactly this router.
+/// The router's state: every tenant, the keys, and the edge limits.
+#[derive(Clone)]
+pub struct Gateway {
+    pub tenants: Arc<Tenants>,
+    /// Empty: no key needed (the gateway then listens on loopback only).
+    pub keys: Arc<crate::auth::Keys>,
+    pub rate_limit: Option<Arc<crate::ratelimit::RateLimiter>>,
+    pub request_timeout: Option<Duration>,
+    /// Allowed browser origins (empty: no CORS).
+    pub cors_origins: Arc<[String]>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Gateway {
+    /// `tenants` without keys nor edge limits.
+    pub fn open(tenants: Tenants) -> Gateway {
+        Gateway {
+            metrics: tenants.default_tenant().metrics.clone(),
+            tenants: Arc::new(tenants),
+            keys: Arc::default(),
+            rate_limit: None,
+            request_timeout: None,
+            cors_origins: Arc::new([]),
+        }
+    }
+}
+
+/// The whole HTTP API over `state` alone: one tenant, no keys, no edge limits.
 pub fn router(state: AppState) -> Router {
-    let limits = state.limits;
-    Router::new()
+    gateway_router(Gateway::open(Tenants::single(state)))
+        .expect("a gateway without CORS origins always builds")
+}
+
+/// The whole HTTP API over `gw`; `serve` and the tests drive exactly this
+/// router. Fails only on a bad CORS origin.
+pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
+    let limits = gw.tenants.default_tenant().limits;
+    let cors = edge::cors(&gw.cors_origins)?;
+    let router = Router::new()
         .route(
             "/v1/counters/{entity}/{action}/{uuid}",
             get(counters::get).delete(counters::delete),
@@ -88,8 +129,17 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(openapi::openapi))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
-        .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(
+            gw.clone(),
+            edge::observe,
+        ))
+        .with_state(gw);
+    Ok(match cors {
+        Some(layer) => router.layer(layer),
+        None => router,
+    })
 }

@@ -6,7 +6,8 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::json;
 
-use super::AppState;
+use super::access::Operator;
+use super::Gateway;
 use crate::error::ApiError;
 
 /// The process is alive and serving HTTP; says nothing of the store.
@@ -17,18 +18,23 @@ pub async fn healthz() -> impl IntoResponse {
     )
 }
 
-/// The store answers: safe to send traffic here.
-pub async fn readyz(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    app.store
+/// The store answers: safe to send traffic here. Checks the default
+/// tenant's store: every tenant's lives on the same disk or cluster.
+pub async fn readyz(State(gw): State<Gateway>) -> Result<impl IntoResponse, ApiError> {
+    gw.tenants
+        .default_tenant()
+        .store
         .ready()
         .await
         .map_err(|e| ApiError::Unavailable(format!("not ready: {e}")))?;
     Ok((StatusCode::OK, Json(json!({"status": "ready"}))))
 }
 
-pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
+/// Prometheus metrics of every tenant together; with keys configured, only
+/// for an admin key of every tenant.
+pub async fn metrics(_: Operator, State(gw): State<Gateway>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        app.metrics.render(app.pipeline.depth()),
+        gw.metrics.render(gw.tenants.queue_depth()),
     )
 }

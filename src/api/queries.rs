@@ -2,12 +2,11 @@
 //! counters and averages. Query parameters are parsed here into the store's
 //! typed queries; each bad one is a 400 that names it.
 
-use axum::extract::State;
+use super::access::Reader;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::extract::{PathParams, QueryParams};
-use super::AppState;
 use crate::domain::{
     day_of, format_day, resolve_window, validate_name, CounterKey, Resolved, Window,
 };
@@ -132,7 +131,7 @@ pub struct HistogramJson {
 /// `GET /v1/counters/{entity}/{action}/{uuid}/histogram`: the counter's day
 /// buckets inside a window (default `last_month`; `all` is the retention).
 pub async fn histogram(
-    State(app): State<AppState>,
+    Reader(app): Reader,
     PathParams(path): PathParams<KeyPath>,
     QueryParams(p): QueryParams<HistogramParams>,
 ) -> Result<Json<HistogramJson>, ApiError> {
@@ -216,7 +215,7 @@ fn doc_id(entity: &str, action: &str, uuid: &str) -> String {
 /// `GET /v1/top/{entity}/{action}`: the highest counters, all time or
 /// summed over a window; ties by uuid ascending.
 pub async fn top(
-    State(app): State<AppState>,
+    Reader(app): Reader,
     PathParams(path): PathParams<PairPath>,
     QueryParams(p): QueryParams<TopParams>,
 ) -> Result<Json<TopJson>, ApiError> {
@@ -295,7 +294,7 @@ pub fn mean(sum: i64, quantity: i64) -> Option<f64> {
 /// with at least `min_quantity` samples (default 1); ties by quantity
 /// descending, then uuid ascending.
 pub async fn top_averages(
-    State(app): State<AppState>,
+    Reader(app): Reader,
     PathParams(path): PathParams<PairPath>,
     QueryParams(p): QueryParams<TopAveragesParams>,
 ) -> Result<Json<TopAveragesJson>, ApiError> {

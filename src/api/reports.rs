@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use axum::extract::State;
+use super::access::Reader;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 
 use super::extract::QueryParams;
 use super::queries::positive;
-use super::AppState;
 use crate::domain::{decode_doc_id, format_ms, validate_name, Counter, CounterKey};
 use crate::error::ApiError;
 use crate::store::StaleQuery;
@@ -102,7 +101,7 @@ fn wants_csv(headers: &HeaderMap) -> bool {
 /// oldest first, then by entity, action, uuid; `size` rows a page (default
 /// 100) and a `next_cursor` while more may follow.
 pub async fn stale(
-    State(app): State<AppState>,
+    Reader(app): Reader,
     headers: HeaderMap,
     QueryParams(p): QueryParams<StaleParams>,
 ) -> Result<Response, ApiError> {
@@ -215,7 +214,7 @@ pub struct UnusedJson {
 /// was touched for `days` (default 30), least recently touched first, with
 /// their last touch, the total of their values and how many counters they have.
 pub async fn unused(
-    State(app): State<AppState>,
+    Reader(app): Reader,
     QueryParams(p): QueryParams<UnusedParams>,
 ) -> Result<Json<UnusedJson>, ApiError> {
     let days = positive("days", p.days.as_deref(), DEFAULT_DAYS, MAX_DAYS)?;

@@ -109,8 +109,21 @@ impl Pipeline {
         config: PipelineConfig,
         metrics: Arc<Metrics>,
     ) -> (Pipeline, JoinHandle<()>) {
-        let (tx, rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(config.queue_capacity));
+        Self::start_sharing(store, config, metrics, permits)
+    }
+
+    /// Like [`Pipeline::start`], but bounded by `permits`, shared with other
+    /// pipelines (one per tenant), so all of them together hold at most
+    /// `config.queue_capacity` events. Closing one closes the bound for all:
+    /// only done at shutdown.
+    pub fn start_sharing(
+        store: Arc<dyn Store>,
+        config: PipelineConfig,
+        metrics: Arc<Metrics>,
+        permits: Arc<Semaphore>,
+    ) -> (Pipeline, JoinHandle<()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
         let config = Arc::new(config);
         let task = tokio::spawn(flusher::run(store, rx, config.clone(), metrics.clone()));
         (

@@ -9,12 +9,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use counter_gateway::auth::Keys;
 use counter_gateway::domain::TimePolicy;
 use counter_gateway::metrics::Metrics;
-use counter_gateway::pipeline::{Pipeline, PipelineConfig};
+use counter_gateway::pipeline::PipelineConfig;
+use counter_gateway::ratelimit::RateLimiter;
 use counter_gateway::store::sqlite::{Durability, SqliteStore};
 use counter_gateway::store::Store;
-use counter_gateway::{router, AppState, Limits};
+use counter_gateway::tenant::Tenants;
+use counter_gateway::{gateway_router, AppState, Gateway, Limits};
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -27,6 +30,13 @@ pub struct Options {
     pub limits: Limits,
     pub pipeline: PipelineConfig,
     pub time_policy: TimePolicy,
+    /// API key entries as in a key file (`<role> <tenant|*> <sha256>` lines);
+    /// empty: no keys, every request allowed.
+    pub keys: String,
+    pub rate_limit_per_second: Option<u32>,
+    pub request_timeout: Option<Duration>,
+    pub cors_origins: Vec<String>,
+    pub max_tenants: usize,
 }
 
 /// Body limit of the test apps.
@@ -43,21 +53,35 @@ impl Default for Options {
             },
             pipeline: PipelineConfig::default(),
             time_policy: TimePolicy::default(),
+            keys: String::new(),
+            rate_limit_per_second: None,
+            request_timeout: None,
+            cors_origins: Vec::new(),
+            max_tenants: 100,
         }
     }
+}
+
+/// A key-file line granting `role` on `tenant` (`*` for all) to the clear key `key`.
+pub fn key_line(role: &str, tenant: &str, key: &str) -> String {
+    format!(
+        "{role} {tenant} {}\n",
+        counter_gateway::auth::digest_hex(key)
+    )
 }
 
 /// The app served on `127.0.0.1:<free port>` over its own data directory.
 pub struct TestApp {
     pub base: String,
     pub http: reqwest::Client,
+    /// The default tenant.
     pub state: AppState,
+    pub tenants: Arc<Tenants>,
     pub options: Options,
     /// Kept alive (and removed on drop) by the app that created it.
     dir: Arc<TempDir>,
     server: JoinHandle<()>,
     stop_server: oneshot::Sender<()>,
-    flusher: JoinHandle<()>,
 }
 
 /// One HTTP answer.
@@ -109,13 +133,29 @@ impl TestApp {
             .expect("open store"),
         ));
         let metrics = Arc::new(Metrics::default());
-        let (pipeline, flusher) =
-            Pipeline::start(store.clone(), options.pipeline.clone(), metrics.clone());
-        let state = AppState {
+        let window = Duration::from_secs(7 * 86_400);
+        let tenants = Arc::new(Tenants::start(
             store,
-            pipeline,
-            time_policy: options.time_policy,
-            limits: options.limits,
+            options.pipeline.clone(),
+            options.time_policy,
+            options.limits,
+            metrics.clone(),
+            Some(counter_gateway::tenant::embedded(
+                dir.path(),
+                Durability::Full,
+                window,
+            )),
+            options.max_tenants,
+        ));
+        let state = tenants.default_tenant().clone();
+        let gateway = Gateway {
+            tenants: tenants.clone(),
+            keys: Arc::new(Keys::parse(&options.keys, "test keys").expect("test keys")),
+            rate_limit: options
+                .rate_limit_per_second
+                .map(|n| Arc::new(RateLimiter::new(n))),
+            request_timeout: options.request_timeout,
+            cors_origins: options.cors_origins.clone().into(),
             metrics,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -123,7 +163,9 @@ impl TestApp {
             .expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let (stop_server, stopped) = oneshot::channel::<()>();
-        let app = router(state.clone());
+        let app = gateway_router(gateway)
+            .expect("router")
+            .into_make_service_with_connect_info::<std::net::SocketAddr>();
         let server = tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {
@@ -136,11 +178,11 @@ impl TestApp {
             base: format!("http://{addr}"),
             http: client(),
             state,
+            tenants,
             options,
             dir,
             server,
             stop_server,
-            flusher,
         }
     }
 
@@ -153,9 +195,11 @@ impl TestApp {
     pub async fn stop(self) -> (Arc<TempDir>, Options) {
         let _ = self.stop_server.send(());
         self.server.await.expect("server task");
-        self.state.pipeline.close();
-        self.flusher.await.expect("flusher task");
+        for flusher in self.tenants.close() {
+            flusher.await.expect("flusher task");
+        }
         drop(self.state);
+        drop(self.tenants);
         (self.dir, self.options)
     }
 
@@ -208,6 +252,11 @@ impl TestApp {
             req = req.header(reqwest::header::CONTENT_TYPE, ct);
         }
         read(req.send().await.expect("POST")).await
+    }
+
+    /// Sends a request built on `self.http` (headers, keys, bodies of any kind).
+    pub async fn send(&self, req: reqwest::RequestBuilder) -> Resp {
+        read(req.send().await.expect("request")).await
     }
 
     pub async fn request(&self, method: reqwest::Method, path: &str) -> Resp {

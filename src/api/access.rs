@@ -1,0 +1,195 @@
+//! Who may call a handler, and on which tenant's data: the extractors
+//! [`Writer`], [`Reader`] and [`Admin`] check the API key (when keys are
+//! configured), apply the per-client rate limit, and hand the handler the
+//! [`AppState`] of the request's tenant, so handlers stay thin and can only
+//! reach the data of that one tenant.
+//!
+//! The key comes from `Authorization: Bearer <key>`, else the `key` query
+//! parameter (a `navigator.sendBeacon` cannot set headers). The tenant is the
+//! key's own when it is bound to one; else `X-Tenant` or the `tenant` query
+//! parameter; else `default`.
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::{header, request::Parts};
+
+use super::{AppState, Gateway};
+use crate::auth::{Grant, Role};
+use crate::error::ApiError;
+use crate::ratelimit::Client;
+use crate::tenant::{validate_tenant, TenantError, DEFAULT_TENANT};
+
+/// The query parameters this layer reads; handlers never see them.
+pub const ACCESS_PARAMS: [&str; 2] = ["key", "tenant"];
+
+/// The tenant's app, for a request allowed to add (increments, events, samples).
+pub struct Writer(pub AppState);
+/// The tenant's app, for a request allowed to read.
+pub struct Reader(pub AppState);
+/// The tenant's app, for a request allowed to delete.
+pub struct Admin(pub AppState);
+
+macro_rules! role_extractor {
+    ($name:ident, $role:expr) => {
+        impl FromRequestParts<Gateway> for $name {
+            type Rejection = ApiError;
+
+            async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, ApiError> {
+                let tenant = authorize(parts, gw, $role)?;
+                gw.tenants.get(&tenant).map($name).map_err(tenant_error)
+            }
+        }
+    };
+}
+
+role_extractor!(Writer, Role::Write);
+role_extractor!(Reader, Role::Read);
+role_extractor!(Admin, Role::Admin);
+
+/// For endpoints that span every tenant (`/metrics`): with keys configured,
+/// only an admin key of every tenant (`*`) may call them.
+pub struct Operator;
+
+impl FromRequestParts<Gateway> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, ApiError> {
+        if gw.keys.is_empty() {
+            return Ok(Operator);
+        }
+        let grant = authenticate(parts, gw)?;
+        limit(parts, gw, grant)?;
+        match grant {
+            None => Err(missing_key()),
+            Some(g) if g.role == Role::Admin && g.tenant.is_none() => Ok(Operator),
+            Some(_) => Err(ApiError::Forbidden(
+                "metrics span every tenant: they need an admin key of tenant *".into(),
+            )),
+        }
+    }
+}
+
+/// Checks the request may do what needs `needed` and answers its tenant.
+fn authorize(parts: &Parts, gw: &Gateway, needed: Role) -> Result<String, ApiError> {
+    let asked = asked_tenant(parts)?;
+    if gw.keys.is_empty() {
+        let tenant = asked.map_or(Cow::Borrowed(DEFAULT_TENANT), |t| t);
+        return Ok(tenant.into_owned());
+    }
+    let grant = authenticate(parts, gw)?;
+    limit(parts, gw, grant)?;
+    let grant = grant.ok_or_else(missing_key)?;
+    if !grant.role.allows(needed) {
+        return Err(ApiError::Forbidden(format!(
+            "this is a {} key; this request needs a {needed} key",
+            grant.role
+        )));
+    }
+    match (&grant.tenant, asked) {
+        (Some(own), Some(asked)) if *own != asked => Err(ApiError::Forbidden(format!(
+            "this key is bound to another tenant than {asked:?}"
+        ))),
+        (Some(own), _) => Ok(own.clone()),
+        (None, asked) => Ok(asked.map_or(DEFAULT_TENANT.to_string(), Cow::into_owned)),
+    }
+}
+
+/// The configured key the request presents, `None` when it presents none;
+/// a malformed or unknown key is a 401. Without configured keys, `None`.
+fn authenticate<'g>(parts: &Parts, gw: &'g Gateway) -> Result<Option<&'g Grant>, ApiError> {
+    if gw.keys.is_empty() {
+        return Ok(None);
+    }
+    let presented = match parts.headers.get(header::AUTHORIZATION) {
+        Some(h) => {
+            let bad = || {
+                ApiError::Unauthorized(
+                    "malformed Authorization header: send `Authorization: Bearer <key>`".into(),
+                )
+            };
+            let h = h.to_str().map_err(|_| bad())?;
+            let (scheme, token) = h.trim().split_once(' ').ok_or_else(bad)?;
+            let token = token.trim();
+            if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+                return Err(bad());
+            }
+            Some(Cow::Borrowed(token))
+        }
+        None => query_param(parts, "key"),
+    };
+    match presented {
+        None => Ok(None),
+        Some(k) => gw
+            .keys
+            .check(&k)
+            .map(Some)
+            .ok_or_else(|| ApiError::Unauthorized("the API key is not valid".into())),
+    }
+}
+
+/// Applies the per-client rate limit, by key when one checked out, else by
+/// the peer's IP address.
+fn limit(parts: &Parts, gw: &Gateway, grant: Option<&Grant>) -> Result<(), ApiError> {
+    let Some(rl) = &gw.rate_limit else {
+        return Ok(());
+    };
+    let client = match (grant, parts.extensions.get::<ConnectInfo<SocketAddr>>()) {
+        (Some(g), _) => Client::Key(g.id.clone()),
+        (None, Some(ConnectInfo(addr))) => Client::Ip(addr.ip()),
+        (None, None) => Client::Unknown,
+    };
+    rl.check(&client, Instant::now())
+        .map_err(|wait| ApiError::RateLimited(wait.as_secs_f64().ceil().max(1.0) as u64))
+}
+
+fn missing_key() -> ApiError {
+    ApiError::Unauthorized(
+        "an API key is required: send `Authorization: Bearer <key>` or a `key` query parameter"
+            .into(),
+    )
+}
+
+/// The tenant the request names (`X-Tenant`, else `?tenant=`), validated.
+fn asked_tenant(parts: &Parts) -> Result<Option<Cow<'_, str>>, ApiError> {
+    let header = match parts.headers.get("x-tenant") {
+        Some(h) => Some(Cow::Borrowed(h.to_str().map_err(|_| {
+            ApiError::BadRequest("X-Tenant is not a valid tenant name".into())
+        })?)),
+        None => None,
+    };
+    let query = query_param(parts, "tenant");
+    let asked = match (header, query) {
+        (Some(h), Some(q)) if h != q => {
+            return Err(ApiError::BadRequest(format!(
+                "X-Tenant {h:?} and the tenant parameter {q:?} disagree"
+            )))
+        }
+        (Some(h), _) => Some(h),
+        (None, q) => q,
+    };
+    if let Some(t) = &asked {
+        validate_tenant(t).map_err(ApiError::BadRequest)?;
+    }
+    Ok(asked)
+}
+
+/// One query parameter, decoded; `None` when absent (the hot path has no
+/// query string and allocates nothing here).
+fn query_param<'a>(parts: &'a Parts, name: &str) -> Option<Cow<'a, str>> {
+    let q = parts.uri.query()?;
+    form_urlencoded::parse(q.as_bytes())
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
+}
+
+fn tenant_error(e: TenantError) -> ApiError {
+    match e {
+        TenantError::BadName(m) => ApiError::BadRequest(m),
+        TenantError::Disabled => ApiError::BadRequest(e.to_string()),
+        TenantError::TooMany(_) | TenantError::Closed => ApiError::Unavailable(e.to_string()),
+        TenantError::Open { .. } => ApiError::Unavailable(e.to_string()),
+    }
+}
