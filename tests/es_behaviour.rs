@@ -5,6 +5,9 @@
 //! refused. Each test checks which items were resent, what was acknowledged
 //! and what the client sees. Back-off uses the fast test variant.
 
+#[path = "conformance/runner.rs"]
+mod runner;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -48,6 +51,8 @@ struct State {
     raw: Vec<(String, Vec<u8>)>,
     /// Every other call: `METHOD path?query`.
     calls: Vec<String>,
+    /// Every search: (index path, query string, body).
+    searches: Vec<(String, String, Value)>,
     item_fault: Option<ItemFault>,
     request_fault: Option<RequestFault>,
 }
@@ -164,6 +169,361 @@ fn run_script(src: &mut Map<String, Value>, p: &Value, bucket: bool) -> Result<(
     Ok(())
 }
 
+/// What `average-update.painless` and `average-bucket-update.painless` do,
+/// in Rust: sum and quantity (events carry their quantity as `e[5]`), the
+/// stored quotient on the average document, timestamps only there.
+fn run_average_script(src: &mut Map<String, Value>, p: &Value, bucket: bool) -> Result<(), String> {
+    if !src.contains_key("counter_id") {
+        for f in ["counter_id", "entity", "action", "uuid"] {
+            src.insert(f.into(), p[f].clone());
+        }
+        if bucket {
+            src.insert("day".into(), p["day"].clone());
+        }
+    }
+    let mut sum = src.get("sum").map_or(0, n) + n(&p["delta"]);
+    let mut quantity = src.get("quantity").map_or(0, n) + n(&p["quantity"]);
+    let mut first = p["first_ms"].as_i64();
+    let mut last = p["last_ms"].as_i64();
+    let mut category = p["category"].as_str().map(str::to_string);
+    let mut seen = src
+        .get("event_ids")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    for id in p["forget"].as_array().into_iter().flatten() {
+        seen.remove(id.as_str().unwrap());
+    }
+    let mut skipped = Vec::new();
+    for (i, e) in p["events"].as_array().into_iter().flatten().enumerate() {
+        let id = e[0].as_str().unwrap();
+        if seen.contains_key(id) {
+            skipped.push(json!(i));
+            continue;
+        }
+        seen.insert(id.into(), p["now_ms"].clone());
+        sum += n(&e[1]);
+        quantity += n(&e[5]);
+        let ts = e[2].as_i64().unwrap();
+        first = Some(first.map_or(ts, |f| f.min(ts)));
+        last = Some(last.map_or(ts, |l| l.max(ts)));
+        if let Some(c) = e[3].as_str() {
+            category = Some(c.into());
+        }
+    }
+    let sum = i64::try_from(sum).map_err(|_| "overflow".to_string())?;
+    let quantity = i64::try_from(quantity).map_err(|_| "overflow".to_string())?;
+    src.insert("sum".into(), json!(sum));
+    src.insert("quantity".into(), json!(quantity));
+    if let Some(c) = category {
+        src.insert("category".into(), json!(c));
+    }
+    if !bucket {
+        if quantity == 0 {
+            src.remove("average");
+        } else {
+            src.insert("average".into(), json!(sum as f64 / quantity as f64));
+        }
+        if let Some(f) = first {
+            let old = src.get("first_timestamp").and_then(Value::as_i64);
+            src.insert("first_timestamp".into(), json!(old.map_or(f, |o| o.min(f))));
+        }
+        if let Some(l) = last {
+            let old = src.get("recorded_timestamp").and_then(Value::as_i64);
+            src.insert(
+                "recorded_timestamp".into(),
+                json!(old.map_or(l, |o| o.max(l))),
+            );
+        }
+    }
+    if seen.is_empty() {
+        src.remove("event_ids");
+    } else {
+        src.insert("event_ids".into(), Value::Object(seen));
+    }
+    if skipped.is_empty() {
+        src.remove("skipped_events");
+    } else {
+        src.insert("skipped_events".into(), Value::Array(skipped));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The fake's search: the subset of the query DSL the store sends (bool
+// filters of term, terms and range; sort; search_after; terms and composite
+// aggregations with sum and max), evaluated over the stored documents.
+// ---------------------------------------------------------------------------
+
+/// A stored document's `_source`.
+type Doc = Map<String, Value>;
+
+/// Whether a document of `index` is searched by the path part `target`
+/// (a comma-separated list of names, each possibly ending in `*`).
+fn index_matches(target: &str, index: &str) -> bool {
+    target.split(',').any(|t| match t.strip_suffix('*') {
+        Some(prefix) => index.starts_with(prefix),
+        None => t == index,
+    })
+}
+
+/// A field of a document, with the two runtime fields of the unused report.
+fn field(src: &Map<String, Value>, name: &str) -> Option<Value> {
+    match name {
+        "value_hi" => src.get("value")?.as_i64().map(|v| json!(v >> 32)),
+        "value_lo" => src.get("value")?.as_i64().map(|v| json!(v & 0xFFFF_FFFF)),
+        _ => src.get(name).cloned(),
+    }
+}
+
+fn cmp_values(a: &Value, b: &Value) -> std::cmp::Ordering {
+    match (a, b) {
+        (Value::String(x), Value::String(y)) => x.as_bytes().cmp(y.as_bytes()),
+        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            _ => x.as_f64().unwrap().total_cmp(&y.as_f64().unwrap()),
+        },
+        _ => panic!("cannot compare {a} and {b}"),
+    }
+}
+
+fn matches_filter(src: &Map<String, Value>, f: &Value) -> bool {
+    if let Some(t) = f.get("term").and_then(Value::as_object) {
+        let (k, v) = t.iter().next().unwrap();
+        return field(src, k).as_ref() == Some(v);
+    }
+    if let Some(t) = f.get("terms").and_then(Value::as_object) {
+        let (k, v) = t.iter().next().unwrap();
+        let got = field(src, k);
+        return v
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| got.as_ref() == Some(x));
+    }
+    if let Some(r) = f.get("range").and_then(Value::as_object) {
+        let (k, bounds) = r.iter().next().unwrap();
+        let Some(got) = field(src, k) else {
+            return false;
+        };
+        use std::cmp::Ordering::*;
+        return bounds
+            .as_object()
+            .unwrap()
+            .iter()
+            .all(|(op, b)| match op.as_str() {
+                "gte" => cmp_values(&got, b) != Less,
+                "gt" => cmp_values(&got, b) == Greater,
+                "lte" => cmp_values(&got, b) != Greater,
+                "lt" => cmp_values(&got, b) == Less,
+                "format" => true,
+                other => panic!("range op {other}"),
+            });
+    }
+    panic!("the fake does not know the filter {f}")
+}
+
+/// `sum`/`max` sub-aggregations of one bucket, as Elasticsearch answers
+/// them (doubles; `null` for a max over nothing).
+fn metrics(docs: &[&Map<String, Value>], aggs: &Value) -> Map<String, Value> {
+    let mut out = Map::new();
+    for (name, spec) in aggs.as_object().into_iter().flatten() {
+        let (kind, def) = spec.as_object().unwrap().iter().next().unwrap();
+        let f = def["field"].as_str().unwrap();
+        let values: Vec<f64> = docs
+            .iter()
+            .filter_map(|d| field(d, f))
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let v = match kind.as_str() {
+            "sum" => json!(values.iter().sum::<f64>()),
+            "max" => values
+                .iter()
+                .copied()
+                .reduce(f64::max)
+                .map_or(Value::Null, |m| json!(m)),
+            other => panic!("the fake does not know the metric {other}"),
+        };
+        out.insert(name.clone(), json!({"value": v}));
+    }
+    out
+}
+
+fn aggregate(docs: &[&Map<String, Value>], aggs: &Value) -> Value {
+    let mut out = Map::new();
+    for (name, spec) in aggs.as_object().unwrap() {
+        let sub = &spec["aggs"];
+        if let Some(t) = spec.get("terms") {
+            let f = t["field"].as_str().unwrap();
+            let mut groups: Vec<(Value, Vec<&Map<String, Value>>)> = Vec::new();
+            for d in docs {
+                let Some(k) = field(d, f) else { continue };
+                match groups.iter_mut().find(|(g, _)| *g == k) {
+                    Some((_, v)) => v.push(d),
+                    None => groups.push((k, vec![*d])),
+                }
+            }
+            let mut buckets: Vec<(Value, usize, Map<String, Value>)> = groups
+                .into_iter()
+                .map(|(k, v)| (k, v.len(), metrics(&v, sub)))
+                .collect();
+            // The store orders by [{"total": "desc"}, {"_key": "asc"}].
+            assert_eq!(t["order"], json!([{"total": "desc"}, {"_key": "asc"}]));
+            buckets.sort_by(|a, b| {
+                cmp_values(&b.2["total"]["value"], &a.2["total"]["value"])
+                    .then(cmp_values(&a.0, &b.0))
+            });
+            let size = t["size"].as_u64().unwrap() as usize;
+            let other: usize = buckets.iter().skip(size).map(|b| b.1).sum();
+            buckets.truncate(size);
+            out.insert(
+                name.clone(),
+                json!({
+                    "doc_count_error_upper_bound": -1,
+                    "sum_other_doc_count": other,
+                    "buckets": buckets.into_iter().map(|(k, c, m)| {
+                        let mut b = m;
+                        b.insert("key".into(), k);
+                        b.insert("doc_count".into(), json!(c));
+                        Value::Object(b)
+                    }).collect::<Vec<_>>()
+                }),
+            );
+        } else if let Some(c) = spec.get("composite") {
+            let sources: Vec<(String, String)> = c["sources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    let (n, d) = s.as_object().unwrap().iter().next().unwrap();
+                    (n.clone(), d["terms"]["field"].as_str().unwrap().to_string())
+                })
+                .collect();
+            let key_of = |d: &Map<String, Value>| -> Option<Vec<Value>> {
+                sources.iter().map(|(_, f)| field(d, f)).collect()
+            };
+            let mut groups: Vec<(Vec<Value>, Vec<&Doc>)> = Vec::new();
+            for d in docs {
+                let Some(k) = key_of(d) else { continue };
+                match groups.iter_mut().find(|(g, _)| *g == k) {
+                    Some((_, v)) => v.push(d),
+                    None => groups.push((k, vec![*d])),
+                }
+            }
+            let cmp_keys = |a: &[Value], b: &[Value]| {
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| cmp_values(x, y))
+                    .find(|o| o.is_ne())
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            };
+            groups.sort_by(|a, b| cmp_keys(&a.0, &b.0));
+            if let Some(after) = c.get("after") {
+                let after: Vec<Value> = sources.iter().map(|(n, _)| after[n].clone()).collect();
+                groups.retain(|(k, _)| cmp_keys(k, &after).is_gt());
+            }
+            groups.truncate(c["size"].as_u64().unwrap() as usize);
+            let key_json = |k: &[Value]| -> Value {
+                Value::Object(
+                    sources
+                        .iter()
+                        .map(|(n, _)| n.clone())
+                        .zip(k.iter().cloned())
+                        .collect(),
+                )
+            };
+            let mut agg = Map::new();
+            if let Some((k, _)) = groups.last() {
+                agg.insert("after_key".into(), key_json(k));
+            }
+            agg.insert(
+                "buckets".into(),
+                groups
+                    .iter()
+                    .map(|(k, v)| {
+                        let mut b = metrics(v, sub);
+                        b.insert("key".into(), key_json(k));
+                        b.insert("doc_count".into(), json!(v.len()));
+                        Value::Object(b)
+                    })
+                    .collect(),
+            );
+            out.insert(name.clone(), Value::Object(agg));
+        } else {
+            panic!("the fake does not know the aggregation {spec}");
+        }
+    }
+    Value::Object(out)
+}
+
+/// A `_search` of `target` over the stored documents.
+fn search(docs: &HashMap<(String, String), Map<String, Value>>, target: &str, q: &Value) -> Value {
+    let filters = q["query"]["bool"]["filter"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut hits: Vec<(&String, &String, &Map<String, Value>)> = docs
+        .iter()
+        .filter(|((i, _), s)| {
+            index_matches(target, i) && filters.iter().all(|f| matches_filter(s, f))
+        })
+        .map(|((i, id), s)| (i, id, s))
+        .collect();
+    let total = hits.len();
+    let sort: Vec<(String, bool)> = q["sort"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            let (f, dir) = s.as_object().unwrap().iter().next().unwrap();
+            (f.clone(), dir == "desc")
+        })
+        .collect();
+    let sort_values = |s: &Map<String, Value>| -> Vec<Value> {
+        sort.iter()
+            .map(|(f, _)| field(s, f).unwrap_or(Value::Null))
+            .collect()
+    };
+    let cmp = |a: &[Value], b: &[Value]| {
+        for ((x, y), (_, desc)) in a.iter().zip(b).zip(&sort) {
+            let o = match (x, y) {
+                // Missing values sort last, both ways.
+                (Value::Null, Value::Null) => std::cmp::Ordering::Equal,
+                (Value::Null, _) => std::cmp::Ordering::Greater,
+                (_, Value::Null) => std::cmp::Ordering::Less,
+                _ if *desc => cmp_values(y, x),
+                _ => cmp_values(x, y),
+            };
+            if o.is_ne() {
+                return o;
+            }
+        }
+        std::cmp::Ordering::Equal
+    };
+    hits.sort_by(|a, b| cmp(&sort_values(a.2), &sort_values(b.2)));
+    if let Some(after) = q["search_after"].as_array() {
+        hits.retain(|h| cmp(&sort_values(h.2), after).is_gt());
+    }
+    let size = q["size"].as_u64().unwrap_or(10) as usize;
+    let all: Vec<&Map<String, Value>> = hits.iter().map(|h| h.2).collect();
+    let mut answer = json!({
+        "took": 1, "timed_out": false,
+        "_shards": {"total": 1, "successful": 1, "skipped": 0, "failed": 0},
+        "hits": {"max_score": null, "hits": hits.iter().take(size).map(|(i, id, s)| json!({
+            "_index": i, "_id": id, "_score": null,
+            "_source": filtered(s, &q["_source"]["includes"]),
+            "sort": sort_values(s)
+        })).collect::<Vec<_>>()}
+    });
+    if q["track_total_hits"] != json!(false) {
+        answer["hits"]["total"] = json!({"value": total, "relation": "eq"});
+    }
+    if let Some(aggs) = q.get("aggs") {
+        answer["aggregations"] = aggregate(&all, aggs);
+    }
+    answer
+}
+
 fn filtered(src: &Map<String, Value>, includes: &Value) -> Value {
     let mut out = Map::new();
     for f in includes.as_array().into_iter().flatten() {
@@ -234,6 +594,7 @@ impl Fake {
             let index = meta["_index"].as_str().unwrap().to_string();
             let id = meta["_id"].as_str().unwrap().to_string();
             let bucket = index.contains("_histogram_counters-");
+            let average = index.contains("_average_");
             if bucket {
                 assert!(meta["routing"].is_string(), "bucket items are routed");
             }
@@ -249,7 +610,12 @@ impl Fake {
             let existed = st.docs.contains_key(&key);
             let mut src = st.docs.get(&key).cloned().unwrap_or_default();
             let params = &payload["script"]["params"];
-            match run_script(&mut src, params, bucket) {
+            let ran = if average {
+                run_average_script(&mut src, params, bucket)
+            } else {
+                run_script(&mut src, params, bucket)
+            };
+            match ran {
                 Ok(()) => {
                     let got = filtered(&src, &payload["_source"]["includes"]);
                     st.docs.insert(key, src);
@@ -299,26 +665,28 @@ impl Fake {
                 }
                 None => es(404, fixture("get_missing.json")),
             },
-            ("POST", [index, "_search"]) => {
+            ("POST", [target, "_search"]) => {
                 let q: Value = serde_json::from_slice(&body).unwrap();
-                let filters = &q["query"]["bool"]["filter"];
-                let entity = filters[0]["term"]["entity"].as_str().unwrap();
-                let uuid = filters[1]["term"]["uuid"].as_str().unwrap();
-                let mut hits: Vec<&Map<String, Value>> = st
-                    .docs
+                st.searches
+                    .push((target.to_string(), query.clone(), q.clone()));
+                es(200, search(&st.docs, target, &q))
+            }
+            ("POST", [index, "_mget"]) => {
+                let q: Value = serde_json::from_slice(&body).unwrap();
+                let docs: Vec<Value> = q["ids"]
+                    .as_array()
+                    .unwrap()
                     .iter()
-                    .filter(|((i, _), s)| {
-                        i == index && s["entity"] == json!(entity) && s["uuid"] == json!(uuid)
+                    .map(|id| {
+                        let id = id.as_str().unwrap();
+                        match st.docs.get(&(index.to_string(), id.to_string())) {
+                            Some(src) => json!({"_index": index, "_id": id, "_version": 1,
+                                "_seq_no": 0, "_primary_term": 1, "found": true, "_source": src}),
+                            None => json!({"_index": index, "_id": id, "found": false}),
+                        }
                     })
-                    .map(|(_, s)| s)
                     .collect();
-                hits.sort_by_key(|s| s["action"].as_str().unwrap().to_string());
-                let mut f = fixture("search_target.json");
-                f["hits"]["hits"] = hits
-                    .iter()
-                    .map(|s| json!({"_index": index, "_id": s["counter_id"], "_score": null, "_source": s, "sort": [s["action"]]}))
-                    .collect();
-                es(200, f)
+                es(200, json!({"docs": docs}))
             }
             ("POST", [_, "_refresh"]) => es(
                 200,
@@ -790,12 +1158,16 @@ async fn setup_installs_every_object_in_order() {
     let addr = fake.start().await;
     let store = store_at(&format!("http://{addr}"));
     let report = store.setup().await.unwrap();
-    assert_eq!(report.installed.len(), 12);
+    // Four stored scripts (counter, bucket, average, average bucket), the
+    // ILM policy, five component and four index templates.
+    assert_eq!(report.installed.len(), 14);
     let calls = fake.0.lock().unwrap().calls.clone();
     let puts: Vec<_> = calls.iter().filter(|c| c.starts_with("PUT")).collect();
-    assert_eq!(puts.len(), 12);
+    assert_eq!(puts.len(), 14);
     assert!(puts[0].starts_with("PUT /_scripts/counter-gateway-counter-update-v1"));
-    assert!(puts[11].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
+    assert!(puts[2].starts_with("PUT /_scripts/counter-gateway-average-update-v1"));
+    assert!(puts[3].starts_with("PUT /_scripts/counter-gateway-average-bucket-update-v1"));
+    assert!(puts[13].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
 }
 
 #[tokio::test]
@@ -868,4 +1240,372 @@ async fn bulk_items_are_bounded_by_distinct_keys_not_requests() {
     for k in 0..3 {
         assert_eq!(fake.value(COUNTERS, &cid(&format!("k{k}"))), Some(100));
     }
+}
+
+// ---------------------------------------------------------------------------
+// Reads: top lists, reports and averages through the router
+// ---------------------------------------------------------------------------
+
+fn ago(days: i64) -> String {
+    (Utc::now() - chrono::Duration::days(days)).to_rfc3339()
+}
+
+fn day_ago(days: i64) -> String {
+    (Utc::now() - chrono::Duration::days(days))
+        .format("%Y-%m-%d")
+        .to_string()
+}
+
+fn uuids(list: &Value, field: &str) -> Vec<(String, i64)> {
+    list[field]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {field} in {list}"))
+        .iter()
+        .map(|e| {
+            let v = e.get("value").or_else(|| e.get("sum")).unwrap();
+            (e["uuid"].as_str().unwrap().to_string(), v.as_i64().unwrap())
+        })
+        .collect()
+}
+
+fn pairs(list: &[(&str, i64)]) -> Vec<(String, i64)> {
+    list.iter().map(|(u, v)| (u.to_string(), *v)).collect()
+}
+
+#[tokio::test]
+async fn top_lists_and_histograms_are_answered_from_searches_and_aggregations() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let ev = |uuid: &str, count: i64, days: i64, category: Option<&str>| {
+        let mut e = json!({"entity": "VIDEO", "action": "VIEW", "uuid": uuid, "count": count, "timestamp": ago(days)});
+        if let Some(c) = category {
+            e["category"] = json!(c);
+        }
+        e
+    };
+    let events = json!({"events": [
+        ev("x", 100, 20, Some("sports")), ev("x", 1, 2, None), ev("y", 3, 5, None),
+        ev("y", 3, 1, None), ev("z", 4, 0, None), ev("t", 4, 6, None), ev("old", 50, 7, None)
+    ]});
+    let (status, body) = call(&router, "POST", "/v1/events", Some(events)).await;
+    assert_eq!(status, 200, "{body}");
+
+    // All time: a sorted search of the counters, ties by uuid.
+    let (status, body) = call(&router, "GET", "/v1/top/VIDEO/VIEW", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["exact"], true);
+    assert_eq!(
+        uuids(&body, "counters"),
+        pairs(&[("x", 101), ("old", 50), ("y", 6), ("t", 4), ("z", 4)])
+    );
+    assert_eq!(body["counters"][0]["category"], "sports");
+
+    // Last week: sums of the window's buckets, the category of the counter
+    // (x's bucket of -2d carries none, the counter does).
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/v1/top/VIDEO/VIEW?interval=last_week",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        uuids(&body, "counters"),
+        pairs(&[("y", 6), ("t", 4), ("z", 4), ("x", 1)])
+    );
+    assert_eq!(body["counters"][3]["category"], "sports");
+    assert_eq!(body["exact"], true, "{body}");
+    let (_, body) = call(
+        &router,
+        "GET",
+        "/v1/top/VIDEO/VIEW?interval=last_week&category=sports",
+        None,
+    )
+    .await;
+    assert_eq!(uuids(&body, "counters"), pairs(&[("x", 1)]));
+    {
+        let st = fake.0.lock().unwrap();
+        let (target, _, q) = st
+            .searches
+            .iter()
+            .find(|(_, _, q)| q.pointer("/aggs/top").is_some())
+            .expect("a terms aggregation was sent");
+        // Only the monthly bucket indices of the window are searched.
+        assert!(target
+            .split(',')
+            .all(|i| i.starts_with("counter-gateway_default_histogram_counters-20")));
+        assert!(target.split(',').count() <= 2, "{target}");
+        assert_eq!(q["aggs"]["top"]["terms"]["field"], "uuid");
+    }
+
+    // A histogram is a routed search of the counter's buckets.
+    let (status, body) = call(
+        &router,
+        "GET",
+        &format!("/v1/counters/VIDEO/VIEW/x/histogram?from={}", day_ago(3)),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["total"], 1);
+    assert_eq!(body["buckets"], json!([{"day": day_ago(2), "value": 1}]));
+    assert!(fake
+        .0
+        .lock()
+        .unwrap()
+        .searches
+        .iter()
+        .any(|(_, query, _)| query.contains("routing=VIDEO_VIEW_x")));
+    let (status, _) = call(
+        &router,
+        "GET",
+        "/v1/counters/VIDEO/VIEW/never/histogram",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    // Deleting a counter removes it from every list, buckets included.
+    let (status, _) = call(&router, "DELETE", "/v1/counters/VIDEO/VIEW/y", None).await;
+    assert_eq!(status, 200);
+    let (_, body) = call(
+        &router,
+        "GET",
+        "/v1/top/VIDEO/VIEW?interval=last_week&size=2",
+        None,
+    )
+    .await;
+    assert_eq!(uuids(&body, "counters"), pairs(&[("t", 4), ("z", 4)]));
+}
+
+#[tokio::test]
+async fn stale_reports_page_with_search_after_and_unused_pairs_are_exact() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let ev = |entity: &str, action: &str, uuid: &str, count: i64, days: i64| json!({"entity": entity, "action": action, "uuid": uuid, "count": count, "timestamp": ago(days)});
+    let events = json!({"events": [
+        ev("PAGE", "VIEW", "p4", 4, 40), ev("PAGE", "VIEW", "p1", 1, 50),
+        ev("PAGE", "VIEW", "p3", 3, 45), ev("PAGE", "VIEW", "p2", 2, 45),
+        ev("PAGE", "like", "p5", 5, 35), ev("PAGE", "like", "p6", 6, 2),
+        ev("OLD", "VIEW", "o1", 7, 60), ev("OLD", "VIEW", "o2", i64::MAX, 33),
+        ev("OLD", "VIEW", "o3", 10, 31), ev("NEW", "VIEW", "n1", 1, 0)
+    ]});
+    // The batch overflows nothing: each counter is distinct.
+    let (status, body) = call(&router, "POST", "/v1/events", Some(events)).await;
+    assert_eq!(status, 200, "{body}");
+
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for page in 0.. {
+        let path = match &cursor {
+            None => "/v1/reports/stale?days=30&entity=PAGE&size=2".to_string(),
+            Some(c) => format!("/v1/reports/stale?days=30&entity=PAGE&size=2&cursor={c}"),
+        };
+        let (status, body) = call(&router, "GET", &path, None).await;
+        assert_eq!(status, 200, "{body}");
+        for c in body["counters"].as_array().unwrap() {
+            seen.push(c["uuid"].as_str().unwrap().to_string());
+        }
+        match body["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+        assert!(page < 5, "paging does not end");
+    }
+    // Oldest first; the tie at -45d continues by uuid across the page break.
+    assert_eq!(seen, ["p1", "p2", "p3", "p4", "p5"]);
+    {
+        let st = fake.0.lock().unwrap();
+        let stale: Vec<&Value> = st
+            .searches
+            .iter()
+            .filter(|(_, _, q)| q.get("search_after").is_some())
+            .map(|(_, _, q)| q)
+            .collect();
+        assert_eq!(stale.len(), 2, "pages 2 and 3 continue with search_after");
+        assert_eq!(
+            stale[0]["search_after"].as_array().unwrap()[1..],
+            [json!("PAGE"), json!("VIEW"), json!("p2")]
+        );
+        assert_eq!(
+            stale[0]["size"], 3,
+            "one more than a page tells if another follows"
+        );
+    }
+
+    let (status, body) = call(&router, "GET", "/v1/reports/unused?days=30", None).await;
+    assert_eq!(status, 200, "{body}");
+    let got: Vec<(&str, &str, &Value, &Value)> = body["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["entity"].as_str().unwrap(),
+                p["action"].as_str().unwrap(),
+                &p["total"],
+                &p["counters"],
+            )
+        })
+        .collect();
+    // The total past i64 is exact: summed as two 32-bit halves.
+    let big: Value = serde_json::from_str("9223372036854775824").unwrap();
+    assert_eq!(
+        got,
+        [
+            ("PAGE", "VIEW", &json!(10), &json!(4)),
+            ("OLD", "VIEW", &big, &json!(3))
+        ]
+    );
+}
+
+#[tokio::test]
+async fn average_samples_are_written_and_ranked() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let post = |uuid: &str, body: Value| {
+        let router = router.clone();
+        let path = format!("/v1/averages/ARTICLE/rating/{uuid}");
+        async move { call(&router, "POST", &path, Some(body)).await }
+    };
+    let (status, body) = post("a1", json!({"value": 4})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (&body["sum"], &body["quantity"], &body["average"]),
+        (&json!(4), &json!(1), &json!(4.0))
+    );
+    let (_, body) = post("a1", json!({"value": 5, "category": "tech"})).await;
+    assert_eq!(
+        (&body["sum"], &body["quantity"], &body["average"]),
+        (&json!(9), &json!(2), &json!(4.5))
+    );
+    post("a1", json!({"value": 1, "timestamp": ago(3)})).await;
+    let (_, body) = post(
+        "a1",
+        json!({"value": 1, "retract": true, "timestamp": ago(3)}),
+    )
+    .await;
+    assert_eq!((&body["sum"], &body["quantity"]), (&json!(9), &json!(2)));
+    post("a2", json!({"value": 5, "timestamp": ago(10)})).await;
+    post("a2", json!({"value": 3})).await;
+    post("a3", json!({"value": 5})).await;
+    post("a4", json!({"value": 4})).await;
+    post("a4", json!({"value": 4, "id": "once"})).await;
+    let (_, body) = post("a4", json!({"value": 4, "id": "once"})).await;
+    assert_eq!(
+        (&body["sum"], &body["quantity"]),
+        (&json!(8), &json!(2)),
+        "a retried id counts once"
+    );
+
+    // Samples land in the average documents, not in the counters.
+    {
+        let st = fake.0.lock().unwrap();
+        assert!(st
+            .docs
+            .keys()
+            .all(|(i, _)| i.contains("_average_counters")
+                || i.contains("_average_histogram_counters-")));
+        let a1 = &st.docs[&(
+            "counter-gateway_default_average_counters".to_string(),
+            "ARTICLE_rating_a1".to_string(),
+        )];
+        assert_eq!(a1["average"], json!(4.5));
+    }
+
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/v1/averages/ARTICLE/rating/a2?interval=last_week",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!((&body["sum"], &body["quantity"]), (&json!(3), &json!(1)));
+    let (_, body) = call(
+        &router,
+        "GET",
+        &format!(
+            "/v1/averages/ARTICLE/rating/a1?from={}&to={}",
+            day_ago(3),
+            day_ago(3)
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (&body["sum"], &body["quantity"], &body["average"]),
+        (&json!(0), &json!(0), &Value::Null)
+    );
+
+    // All time: sorted on the stored quotient; ties by quantity, then uuid.
+    let (status, body) = call(&router, "GET", "/v1/top-averages/ARTICLE/rating", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["exact"], true);
+    assert_eq!(
+        uuids(&body, "averages"),
+        pairs(&[("a3", 5), ("a1", 9), ("a2", 8), ("a4", 8)])
+    );
+    // A window: every average of the window read by composite pages, ordered here.
+    let (_, body) = call(
+        &router,
+        "GET",
+        "/v1/top-averages/ARTICLE/rating?interval=last_week",
+        None,
+    )
+    .await;
+    assert_eq!(
+        uuids(&body, "averages"),
+        pairs(&[("a3", 5), ("a1", 9), ("a4", 8), ("a2", 3)])
+    );
+    assert_eq!(body["averages"][1]["category"], "tech");
+    let (_, body) = call(
+        &router,
+        "GET",
+        &format!(
+            "/v1/top-averages/ARTICLE/rating?from={}&to={}",
+            day_ago(12),
+            day_ago(3)
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(
+        uuids(&body, "averages"),
+        pairs(&[("a2", 5)]),
+        "quantity 0 is below min_quantity"
+    );
+
+    // A sum past i64 is refused by the script and nothing is applied.
+    let (status, _) = post("big", json!({"value": i64::MAX})).await;
+    assert_eq!(status, 200);
+    let (status, body) = post("big", json!({"value": 1})).await;
+    assert_eq!(status, 409, "{body}");
+    let (_, body) = call(&router, "GET", "/v1/averages/ARTICLE/rating/big", None).await;
+    assert_eq!(
+        (&body["sum"], &body["quantity"]),
+        (&json!(i64::MAX), &json!(1))
+    );
+}
+
+/// The shared conformance scenarios, played against the Elasticsearch store
+/// over the fake cluster. This checks the store's requests and parsing end
+/// to end against the embedded store's answers; it does not replace the
+/// real-cluster run of `tests/es_real.rs` (the fake evaluates only the query
+/// shapes the store sends, the way the reference describes them).
+#[tokio::test]
+async fn conformance_scenarios_pass_on_the_fake_cluster() {
+    runner::run_all(|| async {
+        let fake = Fake::default();
+        let addr = fake.start().await;
+        runner::Target {
+            router: app(store_at(&format!("http://{addr}"))),
+            guard: Box::new(fake),
+        }
+    })
+    .await;
 }
