@@ -76,6 +76,7 @@ impl FromRequestParts<Gateway> for Operator {
 fn authorize(parts: &Parts, gw: &Gateway, needed: Role) -> Result<String, ApiError> {
     let asked = asked_tenant(parts)?;
     if gw.keys.is_empty() {
+        limit(parts, gw, None)?;
         let tenant = asked.map_or(Cow::Borrowed(DEFAULT_TENANT), |t| t);
         return Ok(tenant.into_owned());
     }
