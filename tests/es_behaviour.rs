@@ -693,9 +693,14 @@ impl Fake {
                 json!({"_shards": {"total": 1, "successful": 1, "failed": 0}}),
             ),
             ("POST", [pattern, "_delete_by_query"]) => {
-                assert!(query.contains("routing="), "bucket deletes are routed");
                 let q: Value = serde_json::from_slice(&body).unwrap();
                 let cid = q["query"]["term"]["counter_id"].clone();
+                // Routed, unless a comma in the id would split the routing.
+                assert_eq!(
+                    query.contains("routing="),
+                    !cid.as_str().unwrap().contains(','),
+                    "bucket deletes are routed by counter id: {query}"
+                );
                 let prefix = pattern.trim_end_matches('*').to_string();
                 let before = st.docs.len();
                 st.docs
@@ -1608,4 +1613,24 @@ async fn conformance_scenarios_pass_on_the_fake_cluster() {
         }
     })
     .await;
+}
+
+/// A read splits `routing` on commas, so the buckets of a counter whose id
+/// holds one are read from every shard rather than from the wrong ones.
+#[tokio::test]
+async fn a_counter_id_with_a_comma_is_read_and_deleted_unrouted() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let path = "/v1/counters/VIDEO/VIEW/a,b";
+    let (status, body) = call(&router, "POST", &format!("{path}/increment"), None).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(&router, "GET", &format!("{path}/histogram"), None).await;
+    assert_eq!((status, &body["total"]), (200, &json!(1)), "{body}");
+    let (status, _) = call(&router, "DELETE", path, None).await;
+    assert_eq!(status, 200);
+    let st = fake.0.lock().unwrap();
+    let (_, query, _) = st.searches.last().unwrap();
+    assert!(!query.contains("routing"), "{query}");
+    assert!(st.docs.is_empty(), "the counter and its bucket are gone");
 }
