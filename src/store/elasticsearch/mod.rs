@@ -4,8 +4,9 @@
 //!
 //! Files by role, as in vector's Elasticsearch sink: [`config`] (flags and
 //! validated settings), [`templates`] (what `setup` installs), [`request`]
-//! (bodies, as pure functions), [`response`] (classifying answers, pure),
-//! [`retry`] (back-off as a value).
+//! (write bodies, as pure functions), [`response`] (classifying answers,
+//! pure), [`query`] (read queries and their answers, pure; says what is
+//! exact), [`retry`] (back-off as a value).
 //!
 //! # What is and is not atomic here
 //!
@@ -838,9 +839,7 @@ impl Store for ElasticsearchStore {
             )
             .await?;
         let top = query::window_top_from_aggs(&answer).map_err(StoreError::Internal)?;
-        let exact = (one_month || top.sum_other_doc_count == 0)
-            && top.sums_exact
-            && !matches!(cat, CategoryFilter::BucketCategory(_));
+        let exact = top.exact(one_month, &cat);
         let picked: Vec<&(String, i64)> = top.entries.iter().take(q.size).collect();
         let uuids: Vec<&str> = picked.iter().map(|(u, _)| u.as_str()).collect();
         let categories = self

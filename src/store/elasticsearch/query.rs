@@ -455,6 +455,19 @@ pub fn window_top_from_aggs(body: &Value) -> Result<WindowTop, String> {
     })
 }
 
+impl WindowTop {
+    /// Whether the list is exact: the window lies in one monthly index
+    /// (routing puts all of a counter's buckets there on one shard, so each
+    /// shard's sums and its top terms are complete), or every matching
+    /// bucket fell in a returned term; and every sum fitted a double; and
+    /// the category was the counters' own, not the buckets' fallback.
+    pub fn exact(&self, one_month: bool, cat: &CategoryFilter) -> bool {
+        (one_month || self.sum_other_doc_count == 0)
+            && self.sums_exact
+            && !matches!(cat, CategoryFilter::BucketCategory(_))
+    }
+}
+
 /// The documents of an `_mget` answer that were found: `(_id, _source)`.
 pub fn found_from_mget(body: &Value) -> Result<Vec<(String, Value)>, String> {
     let docs = body
@@ -636,6 +649,25 @@ pub fn categories_by_uuid(found: &[(String, Value)]) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_top_says_when_it_is_exact() {
+        let top = |other, sums_exact| WindowTop {
+            entries: Vec::new(),
+            sums_exact,
+            sum_other_doc_count: other,
+        };
+        let none = CategoryFilter::None;
+        // One month: per-shard sums are complete, even with terms left out.
+        assert!(top(5, true).exact(true, &none));
+        // Across months: only when nothing was left out.
+        assert!(top(0, true).exact(false, &none));
+        assert!(!top(5, true).exact(false, &none));
+        assert!(!top(0, false).exact(true, &none));
+        let fallback = CategoryFilter::BucketCategory("sports".into());
+        assert!(!top(0, true).exact(true, &fallback));
+        assert!(top(0, true).exact(true, &CategoryFilter::Uuids(vec!["a".into()])));
+    }
 
     #[test]
     fn doubles_are_exact_below_two_to_the_53() {
