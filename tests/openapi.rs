@@ -116,3 +116,24 @@ async fn answered_statuses_are_declared() {
     }
     assert!(seen > 100, "{seen}");
 }
+
+/// Found by schemathesis: a sample whose `id` was counted before on another
+/// key added nothing, and the answer was a 500 ("missing after its write").
+#[tokio::test]
+async fn a_sample_with_an_id_already_counted_elsewhere_is_404_not_500() {
+    let app = TestApp::start().await;
+    let r = app
+        .post(
+            "/v1/averages/A/RATING/one",
+            serde_json::json!({"value": 4, "id": "e1"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = app
+        .post(
+            "/v1/averages/A/RATING/two",
+            serde_json::json!({"value": 4, "id": "e1"}),
+        )
+        .await;
+    common::assert_error(&r, 404, "not_found", &["id was counted before"]);
+}

@@ -93,13 +93,18 @@ pub async fn post(
     };
     let inc = Increment::sample(&spec, &app.time_policy, chrono::Utc::now())
         .map_err(ApiError::BadRequest)?;
-    app.pipeline.submit(vec![inc], None).await?;
+    let applied = app.pipeline.submit(vec![inc], None).await?;
     let all = window(None, None, None)?;
-    let avg = app
-        .store
-        .average(&key, None)
-        .await?
-        .ok_or_else(|| ApiError::Internal(format!("average {key} missing after its write")))?;
+    let avg = app.store.average(&key, None).await?.ok_or_else(|| {
+        if applied.duplicates > 0 {
+            // The id was counted before, for another key: nothing was added here.
+            ApiError::NotFound(format!(
+                "average {key} has never had a sample; this sample's id was counted before"
+            ))
+        } else {
+            ApiError::Internal(format!("average {key} missing after its write"))
+        }
+    })?;
     Ok(Json(AverageJson::new(avg, all)))
 }
 

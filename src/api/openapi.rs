@@ -82,13 +82,13 @@ const TOP_AVERAGES: &[Param] = &[
     Param::Query("min_quantity", "positive"),
 ];
 const STALE: &[Param] = &[
-    Param::Query("days", "positive"),
+    Param::Query("days", "days"),
     Param::Query("entity", "name"),
     Param::Query("action", "name"),
     Param::Query("size", "size"),
     Param::Query("cursor", "string"),
 ];
-const UNUSED: &[Param] = &[Param::Query("days", "positive")];
+const UNUSED: &[Param] = &[Param::Query("days", "days")];
 
 /// Every operation of the API.
 pub const OPERATIONS: &[Operation] = &[
@@ -130,7 +130,7 @@ pub const OPERATIONS: &[Operation] = &[
         params: KEY,
         body: Body::Sample,
         ok: (200, "Average"),
-        errors: &[409, 413, 415],
+        errors: &[404, 409, 413, 415],
     },
     Operation {
         method: "get",
@@ -283,9 +283,19 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// A counter name part or category: UTF-8 without control characters, at
+/// most 512 bytes. JSON Schema counts characters, not bytes, so the schema
+/// admits a few names the gateway refuses (multi-byte ones past 512 bytes,
+/// white space only, document ids past 512 bytes), never the reverse.
 fn name_schema() -> Value {
-    // Visible UTF-8, at most 512 bytes (a character is 1-4 bytes).
-    json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\s\\u0000-\\u001f\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"})
+    json!({"type": "string", "minLength": 1, "maxLength": crate::domain::MAX_NAME_BYTES,
+           "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"})
+}
+
+/// An event idempotency id: as a name, at most 256 bytes.
+fn id_schema() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": 256,
+           "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"})
 }
 
 fn query_schema(kind: &str) -> Value {
@@ -295,17 +305,23 @@ fn query_schema(kind: &str) -> Value {
         }
         "day" => json!({"type": "string", "format": "date"}),
         "size" => json!({"type": "integer", "minimum": 1, "maximum": super::queries::MAX_TOP_SIZE}),
-        "positive" => json!({"type": "integer", "minimum": 1, "maximum": 36500}),
+        "days" => json!({"type": "integer", "minimum": 1, "maximum": 100_000}),
+        "positive" => json!({"type": "integer", "format": "int64", "minimum": 1}),
         "name" => name_schema(),
         _ => json!({"type": "string"}),
     }
 }
 
-fn body_schema(body: Body) -> Option<Value> {
+fn body_schema(body: Body, max_events: usize) -> Option<Value> {
+    // Optional fields may also be sent as `null`, which means absent.
+    let nullable = |mut v: Value| {
+        v["nullable"] = json!(true);
+        v
+    };
     let common = json!({
-        "category": name_schema(),
-        "timestamp": {"type": "string", "format": "date-time"},
-        "id": name_schema(),
+        "category": nullable(name_schema()),
+        "timestamp": nullable(json!({"type": "string", "format": "date-time"})),
+        "id": nullable(id_schema()),
     });
     let with = |mut base: Map<String, Value>| {
         if let Value::Object(c) = &common {
@@ -315,8 +331,7 @@ fn body_schema(body: Body) -> Option<Value> {
         }
         Value::Object(base)
     };
-    let int =
-        json!({"type": "integer", "format": "int64", "minimum": -1_000_000, "maximum": 1_000_000});
+    let int = nullable(json!({"type": "integer", "format": "int64"}));
     match body {
         Body::None => None,
         Body::Increment => Some(json!({
@@ -326,7 +341,8 @@ fn body_schema(body: Body) -> Option<Value> {
         Body::Sample => Some(json!({
             "type": "object", "additionalProperties": false, "required": ["value"],
             "properties": with(Map::from_iter([
-                ("value".to_string(), json!({"type": "integer", "minimum": 1, "maximum": 1_000_000})),
+                ("value".to_string(), json!({"type": "integer", "format": "int64"})),
+                ("retract".to_string(), json!({"type": "boolean"})),
             ])),
         })),
         Body::Events => {
@@ -342,7 +358,7 @@ fn body_schema(body: Body) -> Option<Value> {
             });
             Some(json!({
                 "type": "object", "additionalProperties": false, "required": ["events"],
-                "properties": {"events": {"type": "array", "minItems": 1, "maxItems": 100, "items": event}},
+                "properties": {"events": {"type": "array", "minItems": 1, "maxItems": max_events, "items": event}},
             }))
         }
     }
@@ -403,8 +419,9 @@ fn schemas() -> Value {
     })
 }
 
-/// The description, for a gateway with (`keyed`) or without API keys.
-pub fn document(keyed: bool) -> Value {
+/// The description, for a gateway with (`keyed`) or without API keys and
+/// `max_events` events per batch.
+pub fn document(keyed: bool, max_events: usize) -> Value {
     let mut paths = Map::new();
     for op in OPERATIONS {
         let mut params = Vec::new();
@@ -474,7 +491,7 @@ pub fn document(keyed: bool) -> Value {
                 o["security"] = json!([{"bearer": []}, {"key": []}]);
             }
         }
-        if let Some(schema) = body_schema(op.body) {
+        if let Some(schema) = body_schema(op.body, max_events) {
             let required = op.body == Body::Events || op.body == Body::Sample;
             o["requestBody"] = json!({"required": required, "content": {
                 "application/json": {"schema": schema},
@@ -508,6 +525,10 @@ pub fn document(keyed: bool) -> Value {
 pub async fn openapi(State(gw): State<Gateway>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        document(!gw.keys.is_empty()).to_string(),
+        document(
+            !gw.keys.is_empty(),
+            gw.tenants.default_tenant().limits.max_events_per_request,
+        )
+        .to_string(),
     )
 }
