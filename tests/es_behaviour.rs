@@ -672,6 +672,16 @@ impl Fake {
                 es(200, search(&st.docs, target, &q))
             }
             ("POST", [index, "_mget"]) => {
+                // The Multi get API refuses parameters it does not take.
+                for p in ["ignore_unavailable", "allow_no_indices"] {
+                    if query.contains(p) {
+                        return es(
+                            400,
+                            json!({"error": {"type": "illegal_argument_exception",
+                            "reason": format!("request [/{index}/_mget] contains unrecognized parameter: [{p}]")}, "status": 400}),
+                        );
+                    }
+                }
                 let q: Value = serde_json::from_slice(&body).unwrap();
                 let docs: Vec<Value> = q["ids"]
                     .as_array()

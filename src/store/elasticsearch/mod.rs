@@ -387,8 +387,8 @@ impl ElasticsearchStore {
         (results, sent)
     }
 
-    /// A search (or `_mget`) of `path`; missing indices read as empty, so a
-    /// tenant that never counted gets empty lists rather than errors.
+    /// A `_search` of `path`; missing indices read as empty, so a tenant
+    /// that never counted gets empty lists rather than errors.
     async fn search(
         &self,
         path: &str,
@@ -397,10 +397,20 @@ impl ElasticsearchStore {
     ) -> Result<Value, StoreError> {
         let mut params = vec![("ignore_unavailable", "true"), ("allow_no_indices", "true")];
         params.extend_from_slice(extra);
+        self.post_json(path, &params, body).await
+    }
+
+    /// A POST of a JSON body whose answer must be a 200. Query parameters
+    /// are passed as given: Elasticsearch refuses any an API does not know
+    /// (`_mget` takes no `ignore_unavailable`).
+    async fn post_json(
+        &self,
+        path: &str,
+        params: &[(&str, &str)],
+        body: &Value,
+    ) -> Result<Value, StoreError> {
         let payload = serde_json::to_vec(body).map_err(|e| StoreError::Internal(e.to_string()))?;
-        let (status, answer) = self
-            .call(Method::Post, path, &params, Some(payload))
-            .await?;
+        let (status, answer) = self.call(Method::Post, path, params, Some(payload)).await?;
         if status != 200 {
             return Err(status_error(status, query::search_error(status, &answer)));
         }
@@ -452,7 +462,7 @@ impl ElasticsearchStore {
             .map(|k| k.doc_id())
             .collect();
         let answer = self
-            .search(
+            .post_json(
                 &format!("/{index}/_mget"),
                 &[("_source_includes", "uuid,category")],
                 &query::mget_body(&ids),
