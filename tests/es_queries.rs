@@ -510,3 +510,54 @@ fn averages_are_read_and_ranked_like_the_embedded_store() {
         [("a3", 5, 1), ("a1", 9, 2), ("a4", 8, 2), ("a2", 3, 1)]
     );
 }
+
+/// Every field a stored script writes exists in the strict mapping of the
+/// documents it writes, so no update is refused as a new field at run time.
+#[test]
+fn scripts_write_only_mapped_fields() {
+    let steps = templates::steps(&names());
+    let mapping = |component: &str| -> Vec<String> {
+        let step = steps
+            .iter()
+            .find(|s| s.name == format!("counter-gateway-{component}"))
+            .unwrap_or_else(|| panic!("no component {component}"));
+        step.body["template"]["mappings"]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect()
+    };
+    for (script, component) in [
+        ("counter-update", "counter-mappings"),
+        ("bucket-update", "bucket-mappings"),
+        ("average-update", "average-mappings"),
+        ("average-bucket-update", "average-bucket-mappings"),
+    ] {
+        let step = steps
+            .iter()
+            .find(|s| s.name == format!("counter-gateway-{script}-v1"))
+            .unwrap();
+        let src = step.body["script"]["source"].as_str().unwrap();
+        let fields = mapping(component);
+        let mut written = Vec::new();
+        for part in src.split("s.").skip(1) {
+            let name: String = part
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if part[name.len()..].trim_start().starts_with('=')
+                && !part[name.len()..].trim_start().starts_with("==")
+            {
+                written.push(name);
+            }
+        }
+        assert!(written.len() >= 6, "{script}: found {written:?}");
+        for f in &written {
+            assert!(
+                fields.contains(f),
+                "{script} writes {f}, not in {component}"
+            );
+        }
+    }
+}
