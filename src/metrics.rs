@@ -200,8 +200,8 @@ impl Metrics {
         self.rejected_overloaded.fetch_add(1, Relaxed);
     }
 
-    /// Prometheus text exposition format.
-    pub fn render(&self, queue_depth: usize) -> String {
+    /// Prometheus text exposition format, with the gauges read at scrape time.
+    pub fn render(&self, queue_depth: usize, tenants: usize) -> String {
         let mut out = String::new();
         let mut put = |name: &str, kind: &str, help: &str, value: f64| {
             let _ = writeln!(
@@ -250,6 +250,12 @@ impl Metrics {
             "gauge",
             "Events queued or being flushed.",
             queue_depth as f64,
+        );
+        put(
+            "counter_gateway_tenants",
+            "gauge",
+            "Tenants open, each with its own store and pipeline.",
+            tenants as f64,
         );
         let (incs, writes) = (
             self.flushed_increments.load(Relaxed),

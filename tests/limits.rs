@@ -73,6 +73,13 @@ async fn the_rate_limit_is_429_with_retry_after_per_client() {
     assert!((1..=2).contains(&after), "{after}");
     // Another key has its own budget.
     assert_eq!(send("k2").await.status, 200);
+    // Guessing keys is limited too (by IP): 401s turn into 429s.
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        statuses.push(send("guess").await.status);
+    }
+    assert_eq!(statuses[0], 401);
+    assert!(statuses.contains(&429), "{statuses:?}");
 }
 
 #[tokio::test]

@@ -70,3 +70,36 @@ async fn metrics_show_known_traffic_by_route_and_status() {
         Some(1.0)
     );
 }
+
+/// `--log-format json`: every log line is one JSON object with level and message.
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    // Refused at start-up (no keys beyond loopback), so it logs and exits.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_counter-gateway"))
+        .args(["--log-format", "json", "serve", "--listen", "0.0.0.0:0"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env_remove("COUNTER_GATEWAY_API_KEYS")
+        .env_remove("COUNTER_GATEWAY_API_KEYS_FILE")
+        .env_remove("COUNTER_GATEWAY_ALLOW_UNAUTHENTICATED")
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run the binary");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let logs: Vec<serde_json::Value> = err
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let stopped = logs
+        .iter()
+        .find(|l| l["message"] == "counter-gateway stopped")
+        .unwrap_or_else(|| panic!("no stop line in {err}"));
+    assert_eq!(stopped["level"], "ERROR");
+    assert!(stopped["error"]
+        .as_str()
+        .unwrap()
+        .contains("without API keys"));
+}

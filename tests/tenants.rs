@@ -110,6 +110,7 @@ async fn the_number_of_tenants_is_bounded() {
     assert_eq!(bump(&app, Some("t1"), 1).await.status, 200);
     assert_eq!(bump(&app, None, 1).await.status, 200);
     assert_eq!(value_of(&app, "t1").await, Some(2));
+    assert_eq!(app.metric("counter_gateway_tenants").await, 3.0);
 }
 
 #[tokio::test]

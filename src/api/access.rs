@@ -60,9 +60,7 @@ impl FromRequestParts<Gateway> for Operator {
         if gw.keys.is_empty() {
             return Ok(Operator);
         }
-        let grant = authenticate(parts, gw)?;
-        limit(parts, gw, grant)?;
-        match grant {
+        match limited_grant(parts, gw)? {
             None => Err(missing_key()),
             Some(g) if g.role == Role::Admin && g.tenant.is_none() => Ok(Operator),
             Some(_) => Err(ApiError::Forbidden(
@@ -80,9 +78,7 @@ fn authorize(parts: &Parts, gw: &Gateway, needed: Role) -> Result<String, ApiErr
         let tenant = asked.map_or(Cow::Borrowed(DEFAULT_TENANT), |t| t);
         return Ok(tenant.into_owned());
     }
-    let grant = authenticate(parts, gw)?;
-    limit(parts, gw, grant)?;
-    let grant = grant.ok_or_else(missing_key)?;
+    let grant = limited_grant(parts, gw)?.ok_or_else(missing_key)?;
     if !grant.role.allows(needed) {
         return Err(ApiError::Forbidden(format!(
             "this is a {} key; this request needs a {needed} key",
@@ -96,6 +92,14 @@ fn authorize(parts: &Parts, gw: &Gateway, needed: Role) -> Result<String, ApiErr
         (Some(own), _) => Ok(own.clone()),
         (None, asked) => Ok(asked.map_or(DEFAULT_TENANT.to_string(), Cow::into_owned)),
     }
+}
+
+/// The key's grant after the rate limit: a client sending bad keys is
+/// limited (by IP) like any other, so keys cannot be guessed at full speed.
+fn limited_grant<'g>(parts: &Parts, gw: &'g Gateway) -> Result<Option<&'g Grant>, ApiError> {
+    let grant = authenticate(parts, gw);
+    limit(parts, gw, grant.as_ref().ok().copied().flatten())?;
+    grant
 }
 
 /// The configured key the request presents, `None` when it presents none;
