@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -30,9 +31,12 @@ pub enum Durability {
 }
 
 mod queries;
+mod rollup;
 
 /// 2: indexes for top lists and reports, average counters (`queries::SCHEMA_V2`).
-const SCHEMA_VERSION: i64 = 2;
+/// 3: totals of the named rolling windows and their change log
+/// (`rollup::SCHEMA_V3`), back-filled from `buckets` at open.
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS counters (
@@ -98,12 +102,67 @@ pub struct SqliteStore {
     id_window_ms: i64,
     /// The write-ahead log, fsync'd by [`Store::sync`]; `None` when relaxed.
     wal: Option<Arc<std::fs::File>>,
+    /// The UTC day the named windows end on: the clock's, unless pinned by
+    /// [`SqliteStore::set_today`] (tests of the day roll).
+    today: Arc<AtomicI64>,
+}
+
+/// No day pinned: [`SqliteStore::today`] reads the clock.
+const CLOCK: i64 = i64::MIN;
+
+/// How often the background roll-up runs, and how long it may hold the
+/// writer each time: flushes wait at most this long, and a windowed query
+/// catches up the rest itself.
+const ROLLUP_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+const ROLLUP_BUDGET: std::time::Duration = std::time::Duration::from_millis(50);
+
+fn utc_today() -> i64 {
+    crate::domain::day_of(chrono::Utc::now())
+}
+
+fn today_of(pinned: &AtomicI64) -> i64 {
+    match pinned.load(Ordering::Relaxed) {
+        CLOCK => utc_today(),
+        day => day,
+    }
+}
+
+/// Folds the change log into the window totals in the background until the
+/// store is dropped (the writer then has no other owner).
+fn spawn_rollup(writer: std::sync::Weak<Mutex<Connection>>, today: Arc<AtomicI64>) {
+    let spawned = std::thread::Builder::new()
+        .name("window-rollup".into())
+        .spawn(move || loop {
+            std::thread::sleep(ROLLUP_EVERY);
+            let Some(writer) = writer.upgrade() else {
+                return;
+            };
+            let Ok(mut conn) = writer.lock() else { return };
+            if let Err(e) = rollup::run_for(&mut conn, today_of(&today), ROLLUP_BUDGET) {
+                tracing::warn!("window roll-up step failed (queries catch up themselves): {e}");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("no background window roll-up (queries catch up themselves): {e}");
+    }
 }
 
 /// Readers kept open between requests; more may be opened under load.
 const MAX_IDLE_READERS: usize = 8;
 
 impl SqliteStore {
+    /// The UTC day the named windows (`last_day` ... `last_year`) end on.
+    pub fn today(&self) -> i64 {
+        today_of(&self.today)
+    }
+
+    /// Pins the UTC day the named windows end on (`None`: the clock again), so
+    /// tests can cross midnight without waiting for it. Windowed top lists
+    /// whose last day is not this day are summed from buckets instead.
+    pub fn set_today(&self, day: Option<i64>) {
+        self.today.store(day.unwrap_or(CLOCK), Ordering::Relaxed);
+    }
+
     /// Opens (creating if needed) the database in `data_dir`.
     pub fn open(
         data_dir: &Path,
@@ -147,15 +206,21 @@ impl SqliteStore {
         }
         conn.execute_batch(SCHEMA).map_err(internal)?;
         conn.execute_batch(queries::SCHEMA_V2).map_err(internal)?;
+        conn.execute_batch(rollup::SCHEMA_V3).map_err(internal)?;
+        rollup::backfill(&mut conn, utc_today())?;
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
             .map_err(internal)?;
         let wal = match durability {
             Durability::Full => Some(Arc::new(open_wal(data_dir, &path)?)),
             Durability::Relaxed => None,
         };
+        let writer = Arc::new(Mutex::new(conn));
+        let today = Arc::new(AtomicI64::new(CLOCK));
+        spawn_rollup(Arc::downgrade(&writer), today.clone());
         Ok(SqliteStore {
+            today,
             path,
-            writer: Arc::new(Mutex::new(conn)),
+            writer,
             readers: Arc::new(Mutex::new(Vec::new())),
             id_window_ms: i64::try_from(id_window.as_millis()).unwrap_or(i64::MAX),
             wal,
@@ -246,6 +311,10 @@ fn write_coalesced(
 ) -> Result<Result<(), Overflowed>, StoreError> {
     let mut upsert = tx.prepare_cached(&upsert_counter_sql()).map_err(internal)?;
     let mut bucket = tx.prepare_cached(&upsert_bucket_sql()).map_err(internal)?;
+    // The one cost the window totals add to a flush: an append per bucket delta.
+    let mut log = tx
+        .prepare_cached("INSERT INTO bucket_log (cid, day, delta) VALUES (?1, ?2, ?3)")
+        .map_err(internal)?;
     for kd in &c.keys {
         let KeyDelta {
             key,
@@ -293,6 +362,7 @@ fn write_coalesced(
             if bucket.execute(params![day, cid, d]).map_err(internal)? == 0 {
                 return Ok(Err(Overflowed(key.clone())));
             }
+            log.execute(params![cid, day, d]).map_err(internal)?;
         }
         counters.insert(
             key.clone(),
@@ -489,6 +559,7 @@ impl Store for SqliteStore {
                 .map_err(internal)?;
             if let Some(cid) = cid {
                 tx.execute("DELETE FROM buckets WHERE cid = ?1", [cid]).map_err(internal)?;
+                rollup::forget(&tx, cid)?;
             }
             tx.commit().map_err(internal)?;
             Ok(cid.is_some())
@@ -531,7 +602,37 @@ impl Store for SqliteStore {
 
     async fn top(&self, query: &TopQuery) -> Result<TopList, StoreError> {
         let query = query.clone();
-        self.with_reader(move |c| queries::top(c, &query)).await
+        let today = self.today();
+        let Some(len) = query.window.and_then(|w| rollup::named(w, today)) else {
+            return self.with_reader(move |c| queries::top(c, &query)).await;
+        };
+        // Exact as of now: fold everything logged so far (in bounded steps,
+        // letting flushes in between) and roll to today, then walk the index.
+        let mut until = None;
+        loop {
+            let progress = self
+                .with_writer(move |c| {
+                    let until = match until {
+                        Some(u) => u,
+                        None => rollup::last_seq(c)?,
+                    };
+                    Ok((until, rollup::step(c, today)?))
+                })
+                .await?;
+            until = Some(progress.0);
+            if progress.1.reached(progress.0) {
+                break;
+            }
+        }
+        self.with_reader(move |c| match rollup::top(c, &query, len, today)? {
+            Some(entries) => Ok(TopList {
+                entries,
+                exact: true,
+            }),
+            // The day changed under us: sum the buckets, exact too.
+            None => queries::top(c, &query),
+        })
+        .await
     }
 
     async fn stale(&self, query: &StaleQuery) -> Result<Vec<Counter>, StoreError> {

@@ -1,0 +1,421 @@
+//! The embedded store's kept totals of the named windows (`last_day`,
+//! `last_week`, `last_month`, `last_year`) against a model that sums day
+//! buckets the way the README defines windowed lists: the counters with at
+//! least one bucket in the window, by their sum there descending, ties by
+//! uuid. The day is pinned with `SqliteStore::set_today`, so midnight is
+//! crossed without waiting for it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use counter_gateway::domain::{CounterKey, Increment, Kind, Window};
+use counter_gateway::store::sqlite::{Durability, SqliteStore};
+use counter_gateway::store::{RequestOutcome, Store, TopEntry, TopQuery, WriteBatch};
+
+/// 2026-11-30.
+const T: i64 = 20_787;
+const LENGTHS: [i64; 4] = [1, 7, 30, 365];
+
+fn open(dir: &std::path::Path) -> SqliteStore {
+    SqliteStore::open(dir, Durability::Relaxed, Duration::from_secs(3600)).unwrap()
+}
+
+fn inc(uuid: &str, day: i64, delta: i64, category: Option<&str>) -> Increment {
+    Increment {
+        key: CounterKey::new("VIDEO", "VIEW", uuid).unwrap(),
+        delta,
+        category: category.map(Arc::from),
+        ts_ms: day * 86_400_000 + 1_000,
+        day,
+        id: None,
+        kind: Kind::Counter,
+    }
+}
+
+async fn write(store: &SqliteStore, events: Vec<Increment>) {
+    let out = store
+        .apply(WriteBatch {
+            requests: vec![events],
+        })
+        .await
+        .unwrap();
+    assert!(matches!(out.requests[0], RequestOutcome::Applied { .. }));
+}
+
+async fn top(store: &SqliteStore, len: i64, category: Option<&str>, size: usize) -> Vec<TopEntry> {
+    let today = store.today();
+    store
+        .top(&TopQuery {
+            entity: "VIDEO".into(),
+            action: "VIEW".into(),
+            window: Some(Window {
+                from_day: today - len + 1,
+                to_day: today,
+            }),
+            category: category.map(String::from),
+            size,
+        })
+        .await
+        .unwrap()
+        .entries
+}
+
+fn pairs(entries: &[TopEntry]) -> Vec<(String, i64)> {
+    entries.iter().map(|e| (e.uuid.clone(), e.value)).collect()
+}
+
+fn list(items: &[(&str, i64)]) -> Vec<(String, i64)> {
+    items.iter().map(|(u, v)| (u.to_string(), *v)).collect()
+}
+
+/// Rows the store keeps for window `len`: proves an answer came from the
+/// kept totals (they would be empty if only buckets were summed).
+fn kept_rows(dir: &std::path::Path, len: i64) -> i64 {
+    let conn = rusqlite::Connection::open(dir.join("counters.sqlite3")).unwrap();
+    conn.query_row(
+        "SELECT count(*) FROM window_totals WHERE win = ?1",
+        [len],
+        |r| r.get(0),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn windows_move_at_midnight() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.set_today(Some(T));
+    write(
+        &store,
+        vec![
+            inc("a", T - 6, 5, None),
+            inc("a", T, 1, None),
+            inc("b", T - 7, 100, None),
+            inc("c", T, 3, None),
+            inc("d", T - 29, 7, None),
+            inc("e", T - 364, 9, None),
+            inc("e", T - 365, 1000, None),
+        ],
+    )
+    .await;
+    assert_eq!(
+        pairs(&top(&store, 1, None, 10).await),
+        list(&[("c", 3), ("a", 1)])
+    );
+    assert_eq!(
+        pairs(&top(&store, 7, None, 10).await),
+        list(&[("a", 6), ("c", 3)])
+    );
+    assert_eq!(
+        pairs(&top(&store, 30, None, 10).await),
+        list(&[("b", 100), ("d", 7), ("a", 6), ("c", 3)])
+    );
+    assert_eq!(
+        pairs(&top(&store, 365, None, 10).await),
+        list(&[("b", 100), ("e", 9), ("d", 7), ("a", 6), ("c", 3)])
+    );
+    assert_eq!(kept_rows(dir.path(), 365), 5);
+
+    store.set_today(Some(T + 1));
+    assert_eq!(pairs(&top(&store, 1, None, 10).await), list(&[]));
+    assert_eq!(
+        pairs(&top(&store, 7, None, 10).await),
+        list(&[("c", 3), ("a", 1)])
+    );
+    assert_eq!(
+        pairs(&top(&store, 30, None, 10).await),
+        list(&[("b", 100), ("a", 6), ("c", 3)])
+    );
+    assert_eq!(
+        pairs(&top(&store, 365, None, 10).await),
+        list(&[("b", 100), ("d", 7), ("a", 6), ("c", 3)])
+    );
+    // Far ahead: every window is empty.
+    store.set_today(Some(T + 1000));
+    for len in LENGTHS {
+        assert_eq!(pairs(&top(&store, len, None, 10).await), list(&[]), "{len}");
+    }
+}
+
+#[tokio::test]
+async fn a_bucket_dated_ahead_enters_when_its_day_comes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.set_today(Some(T));
+    // Within the clock skew an event may land on tomorrow.
+    write(&store, vec![inc("x", T + 1, 4, None), inc("y", T, 2, None)]).await;
+    assert_eq!(pairs(&top(&store, 1, None, 10).await), list(&[("y", 2)]));
+    assert_eq!(pairs(&top(&store, 7, None, 10).await), list(&[("y", 2)]));
+    store.set_today(Some(T + 1));
+    assert_eq!(pairs(&top(&store, 1, None, 10).await), list(&[("x", 4)]));
+    assert_eq!(
+        pairs(&top(&store, 7, None, 10).await),
+        list(&[("x", 4), ("y", 2)])
+    );
+}
+
+#[tokio::test]
+async fn zero_and_negative_totals_stay_while_a_bucket_is_in_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.set_today(Some(T));
+    write(
+        &store,
+        vec![
+            inc("zero", T - 1, 5, None),
+            inc("neg", T - 2, -3, None),
+            inc("pos", T - 8, 1, None),
+        ],
+    )
+    .await;
+    write(&store, vec![inc("zero", T - 1, -5, None)]).await;
+    assert_eq!(
+        pairs(&top(&store, 7, None, 10).await),
+        list(&[("zero", 0), ("neg", -3)])
+    );
+    store.set_today(Some(T + 5));
+    assert_eq!(pairs(&top(&store, 7, None, 10).await), list(&[("zero", 0)]));
+    store.set_today(Some(T + 6));
+    assert_eq!(pairs(&top(&store, 7, None, 10).await), list(&[]));
+    assert_eq!(kept_rows(dir.path(), 7), 0);
+}
+
+#[tokio::test]
+async fn ties_by_uuid_and_categories_by_the_current_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.set_today(Some(T));
+    write(
+        &store,
+        vec![
+            inc("b", T, 2, Some("sports")),
+            inc("a", T, 2, Some("news")),
+            inc("c", T, 2, Some("sports")),
+            inc("d", T - 3, 1, Some("sports")),
+        ],
+    )
+    .await;
+    assert_eq!(
+        pairs(&top(&store, 7, None, 10).await),
+        list(&[("a", 2), ("b", 2), ("c", 2), ("d", 1)])
+    );
+    assert_eq!(
+        pairs(&top(&store, 7, None, 2).await),
+        list(&[("a", 2), ("b", 2)])
+    );
+    assert_eq!(
+        pairs(&top(&store, 7, Some("sports"), 10).await),
+        list(&[("b", 2), ("c", 2), ("d", 1)])
+    );
+    // A counter's category is its latest: the lists follow it.
+    write(&store, vec![inc("a", T - 40, 0, Some("sports"))]).await;
+    let sports = top(&store, 7, Some("sports"), 10).await;
+    assert_eq!(
+        pairs(&sports),
+        list(&[("a", 2), ("b", 2), ("c", 2), ("d", 1)])
+    );
+    assert!(sports
+        .iter()
+        .all(|e| e.category.as_deref() == Some("sports")));
+    assert_eq!(pairs(&top(&store, 7, Some("news"), 10).await), list(&[]));
+}
+
+#[tokio::test]
+async fn deleted_counters_leave_every_window_and_a_new_one_starts_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.set_today(Some(T));
+    write(&store, vec![inc("a", T, 5, None), inc("z", T, 7, None)]).await;
+    assert_eq!(
+        pairs(&top(&store, 7, None, 10).await),
+        list(&[("z", 7), ("a", 5)])
+    );
+    // Logged but not yet folded when the counter goes: `z` holds the
+    // largest cid, which SQLite hands to the next new counter.
+    write(&store, vec![inc("z", T - 1, 100, None)]).await;
+    assert!(store
+        .delete(&CounterKey::new("VIDEO", "VIEW", "z").unwrap())
+        .await
+        .unwrap());
+    write(&store, vec![inc("n", T, 1, None)]).await;
+    for len in LENGTHS {
+        assert_eq!(
+            pairs(&top(&store, len, None, 10).await),
+            list(&[("a", 5), ("n", 1)]),
+            "{len}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_database_without_window_totals_is_back_filled_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        store.set_today(Some(crate_today()));
+        let t = crate_today();
+        write(
+            &store,
+            vec![inc("a", t, 5, None), inc("b", t - 10, 8, None)],
+        )
+        .await;
+    }
+    // What a schema-2 database looks like: no log, no totals.
+    let conn = rusqlite::Connection::open(dir.path().join("counters.sqlite3")).unwrap();
+    conn.execute_batch(
+        "DROP TABLE window_totals; DROP TABLE window_state; DROP TABLE bucket_log;
+         PRAGMA user_version = 2;",
+    )
+    .unwrap();
+    drop(conn);
+    let store = open(dir.path());
+    assert_eq!(kept_rows(dir.path(), 30), 2);
+    assert_eq!(pairs(&top(&store, 7, None, 10).await), list(&[("a", 5)]));
+    assert_eq!(
+        pairs(&top(&store, 30, None, 10).await),
+        list(&[("b", 8), ("a", 5)])
+    );
+}
+
+/// The real UTC day: a reopened store reads the clock.
+fn crate_today() -> i64 {
+    counter_gateway::domain::day_of(chrono::Utc::now())
+}
+
+/// More counters on one day than a roll-up step handles, so the day that
+/// leaves is subtracted in several chunks.
+#[tokio::test]
+async fn a_day_of_many_counters_rolls_in_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.set_today(Some(T));
+    let n = 45_000;
+    let events = (0..n)
+        .map(|i| inc(&format!("u{i:05}"), T - 6, 1 + (i % 7), None))
+        .chain([inc("keep", T, 3, None)])
+        .collect();
+    write(&store, events).await;
+    assert_eq!(top(&store, 7, None, 1000).await.len(), 1000);
+    assert_eq!(kept_rows(dir.path(), 7), n + 1);
+    store.set_today(Some(T + 1));
+    assert_eq!(pairs(&top(&store, 7, None, 10).await), list(&[("keep", 3)]));
+    assert_eq!(kept_rows(dir.path(), 7), 1);
+    let month = top(&store, 30, None, 3).await;
+    assert_eq!(
+        pairs(&month),
+        list(&[("u00006", 7), ("u00013", 7), ("u00020", 7)])
+    );
+}
+
+/// A small deterministic generator (xorshift64*), so a failure names its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The model: buckets per counter and its latest category.
+#[derive(Default)]
+struct Model {
+    buckets: HashMap<String, BTreeMap<i64, i64>>,
+    category: HashMap<String, Option<String>>,
+}
+
+impl Model {
+    fn top(&self, from: i64, to: i64, category: Option<&str>) -> Vec<(String, i64)> {
+        let mut rows: Vec<(String, i64)> = self
+            .buckets
+            .iter()
+            .filter(|(u, _)| category.is_none() || self.category[*u].as_deref() == category)
+            .filter_map(|(u, b)| {
+                let mut days = b.range(from..=to).peekable();
+                days.peek()?;
+                Some((u.clone(), days.map(|(_, v)| v).sum()))
+            })
+            .collect();
+        rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        rows
+    }
+}
+
+/// Random increments (negative too) across past, present and one future
+/// day, categories that change, deletes, and day rolls of 1 to 400 days:
+/// after every round each named window's list equals the model's sum over
+/// buckets, with and without a category, and for a list cut short.
+#[tokio::test]
+async fn kept_totals_equal_summed_buckets_over_random_workloads() {
+    for seed in 1..=6u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut model = Model::default();
+        let mut today = T;
+        store.set_today(Some(today));
+        let rolls = [0, 1, 1, 2, 6, 7, 29, 31, 1, 400, 364, 1];
+        for (round, roll) in rolls.into_iter().enumerate() {
+            today += roll;
+            store.set_today(Some(today));
+            for _ in 0..(1 + rng.below(4)) {
+                let mut events = Vec::new();
+                for _ in 0..rng.below(60) {
+                    let uuid = format!("c{}", rng.below(40));
+                    let back = match rng.below(4) {
+                        0 => rng.below(8) as i64,
+                        1 => rng.below(32) as i64,
+                        2 => rng.below(400) as i64,
+                        _ => -1, // tomorrow, within the clock skew
+                    };
+                    let day = today - back;
+                    let delta = rng.below(21) as i64 - 8;
+                    let category = match rng.below(4) {
+                        0 => None,
+                        k => Some(format!("k{}", k % 2)),
+                    };
+                    let b = model.buckets.entry(uuid.clone()).or_default();
+                    *b.entry(day).or_default() += delta;
+                    let c = model.category.entry(uuid.clone()).or_default();
+                    if category.is_some() {
+                        *c = category.clone();
+                    }
+                    events.push(inc(&uuid, day, delta, category.as_deref()));
+                }
+                if !events.is_empty() {
+                    write(&store, events).await;
+                }
+                if rng.below(5) == 0 {
+                    let uuid = format!("c{}", rng.below(40));
+                    let existed = model.buckets.remove(&uuid).is_some();
+                    model.category.remove(&uuid);
+                    let key = CounterKey::new("VIDEO", "VIEW", &uuid).unwrap();
+                    assert_eq!(store.delete(&key).await.unwrap(), existed);
+                }
+            }
+            for len in LENGTHS {
+                for category in [None, Some("k0"), Some("k1")] {
+                    let want = model.top(today - len + 1, today, category);
+                    let got = pairs(&top(&store, len, category, 1000).await);
+                    assert_eq!(
+                        got, want,
+                        "seed {seed} round {round} today {today} window {len} category {category:?}"
+                    );
+                    let got = pairs(&top(&store, len, category, 3).await);
+                    assert_eq!(got, want[..want.len().min(3)], "seed {seed} round {round}");
+                }
+                assert_eq!(
+                    kept_rows(dir.path(), len),
+                    model.top(today - len + 1, today, None).len() as i64,
+                    "seed {seed} round {round} window {len}: rows kept"
+                );
+            }
+        }
+    }
+}
