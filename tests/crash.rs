@@ -304,3 +304,74 @@ async fn sigterm_flushes_what_is_queued_and_exits_zero() {
         );
     }
 }
+
+/// Shutdown closes every tenant's pipeline and waits for each: increments
+/// queued for three tenants at SIGTERM are all answered and all on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_flushes_every_tenant() {
+    const TENANTS: [&str; 3] = ["default", "acme", "globex"];
+    const REQUESTS: usize = 30;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut gw = Gateway::start(dir.path(), &["--flush-interval", "2s"]);
+    let http = common::client();
+    let clients: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            let url = format!(
+                "{}{}",
+                gw.base,
+                counter_path("TERM", "VIEW", "k", "/increment")
+            );
+            let req = http
+                .post(url)
+                .header("x-tenant", TENANTS[i % 3])
+                .json(&json!({ "count": i + 1 }));
+            tokio::spawn(async move { common::read(req.send().await.expect("answered")).await })
+        })
+        .collect();
+    // The queue bound is shared: its depth counts every tenant's events.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = common::read(
+            http.get(format!("{}/metrics", gw.base))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        let depth = metric_in(&r.text, "counter_gateway_queue_depth").expect("queue depth");
+        if depth as usize == REQUESTS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "queue depth stuck at {depth}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let pid = gw.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    let status = tokio::task::block_in_place(|| gw.wait_exit(Duration::from_secs(30)));
+    assert!(status.success(), "exit {status:?}; log:\n{}", gw.log());
+    let mut want = [0i64; 3];
+    for (i, c) in clients.into_iter().enumerate() {
+        let r = c.await.expect("client task");
+        assert_eq!(r.status, 200, "request {i}: {}", r.text);
+        want[i % 3] += i as i64 + 1;
+    }
+    drop(gw);
+
+    let gw = Gateway::start(dir.path(), &[]);
+    for (tenant, want) in TENANTS.iter().zip(want) {
+        let url = format!("{}{}", gw.base, counter_path("TERM", "VIEW", "k", ""));
+        let r = common::read(
+            http.get(url)
+                .header("x-tenant", *tenant)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(r.json["value"], want, "{tenant}: {}", r.text);
+    }
+}
