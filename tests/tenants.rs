@@ -158,3 +158,24 @@ async fn a_key_bound_to_a_tenant_writes_only_there() {
     assert_eq!(read("globex").await.status, 404);
     assert_eq!(read("default").await.status, 404);
 }
+
+/// With Elasticsearch, a tenant's store is the same client over the
+/// tenant's own indices `<prefix>_<tenant>_<collection>`.
+#[test]
+fn an_elasticsearch_tenant_has_its_own_indices() {
+    use counter_gateway::store::elasticsearch::config::EsConfig;
+    use counter_gateway::store::elasticsearch::ElasticsearchStore;
+    let config = EsConfig::new("http://127.0.0.1:9", "cg", "default").unwrap();
+    let base = ElasticsearchStore::new(config).unwrap();
+    let acme = base.for_tenant("acme").unwrap();
+    assert_eq!(acme.config().names.counters(), "cg_acme_counters");
+    assert_eq!(acme.config().names.averages(), "cg_acme_average_counters");
+    assert_eq!(
+        acme.config().names.buckets_pattern(),
+        "cg_acme_histogram_counters-*"
+    );
+    assert_eq!(base.config().names.counters(), "cg_default_counters");
+    // Names that could collide with another tenant's indices are refused.
+    assert!(base.for_tenant("a_b").is_err());
+    assert!(base.for_tenant("Acme").is_err());
+}
