@@ -172,6 +172,9 @@ impl From<SubmitError> for ApiError {
                 "counter {key} would leave the signed 64-bit range; nothing of the request was applied"
             )),
             SubmitError::Store(m) => ApiError::Unavailable(format!("the store failed; nothing of the request was applied: {m}")),
+            SubmitError::Incomplete(m) => ApiError::Unavailable(format!(
+                "the store could not apply all of the request ({m}); part of it may have been applied, so retry with event ids to count each event once"
+            )),
         }
     }
 }

@@ -120,7 +120,7 @@ async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) -> A
                             counter: want.and_then(|k| out.counters.get(&k).cloned()),
                         }),
                         RequestOutcome::Overflow { key } => Err(SubmitError::Overflow(key)),
-                        RequestOutcome::Failed { reason } => Err(SubmitError::Store(reason)),
+                        RequestOutcome::Failed { reason } => Err(SubmitError::Incomplete(reason)),
                     };
                     (reply, answer, permit)
                 })

@@ -64,8 +64,10 @@ pub enum SubmitError {
     NotDurable(String),
     /// Applying it would overflow this counter; nothing of the request was applied.
     Overflow(CounterKey),
-    /// The store failed; nothing of the request was applied.
+    /// The flush failed as a whole; nothing of the request was applied.
     Store(String),
+    /// The store gave up on this request; part of it may have been applied.
+    Incomplete(String),
 }
 
 /// What a successful submission tells its request.

@@ -34,7 +34,9 @@ pub enum RequestOutcome {
     Applied { duplicates: u32 },
     /// Refused whole: applying it would take `key` outside the signed 64-bit range.
     Overflow { key: CounterKey },
-    /// Not applied; the store gave up on it (unreachable, rejected).
+    /// Not applied in full; the store gave up on it (unreachable, rejected).
+    /// A store without multi-document transactions (Elasticsearch) may have
+    /// applied part of it; event ids make the client's retry exact.
     Failed { reason: String },
 }
 
