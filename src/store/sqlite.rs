@@ -176,7 +176,7 @@ impl SqliteStore {
             ))
         })?;
         let path = data_dir.join("counters.sqlite3");
-        let conn = Connection::open(&path).map_err(internal)?;
+        let mut conn = Connection::open(&path).map_err(internal)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(internal)?;
         let mode: String = conn
@@ -616,7 +616,7 @@ impl Store for SqliteStore {
                         Some(u) => u,
                         None => rollup::last_seq(c)?,
                     };
-                    Ok((until, rollup::step(c, today)?))
+                    Ok((until, rollup::step(c, today, rollup::QUERY_STEP_ROWS)?))
                 })
                 .await?;
             until = Some(progress.0);

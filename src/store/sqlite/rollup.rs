@@ -62,9 +62,15 @@ CREATE TABLE IF NOT EXISTS window_state (
 );
 ";
 
-/// Log rows or bucket rows handled by one step: bounds how long a step holds
-/// the writer (tens of milliseconds).
-const STEP_ROWS: usize = 20_000;
+/// Log rows or bucket rows handled by one step of a query's catch-up: about
+/// a hundred milliseconds of the writer, short enough for flushes to
+/// interleave, long enough to amortise a step's fixed costs.
+pub(super) const QUERY_STEP_ROWS: usize = 20_000;
+
+/// The background's steps are ten times smaller, so its time budget bounds
+/// how long it holds the writer (a step is not interrupted), and with it how
+/// much it takes from the flushes.
+pub(super) const BACKGROUND_STEP_ROWS: usize = 2_000;
 
 /// The named windows' lengths in days.
 pub(super) fn lengths() -> impl Iterator<Item = i64> {
@@ -192,11 +198,12 @@ pub(super) fn last_seq(conn: &Connection) -> Result<i64, StoreError> {
     .map_err(internal)
 }
 
-/// One bounded step, in one transaction: folds up to [`STEP_ROWS`] log rows;
+/// One bounded step, in one transaction: folds up to `rows` log rows;
 /// if that empties the log, moves the first window not yet ending on `today`
 /// by one chunk. A clock that went back (`today` before an anchor) moves
 /// nothing: queries then fall back to summing buckets.
-pub(super) fn step(conn: &mut Connection, today: i64) -> Result<Progress, StoreError> {
+pub(super) fn step(conn: &mut Connection, today: i64, rows: usize) -> Result<Progress, StoreError> {
+    let step_rows = rows;
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(internal)?;
@@ -206,7 +213,7 @@ pub(super) fn step(conn: &mut Connection, today: i64) -> Result<Progress, StoreE
             .prepare_cached("SELECT seq, cid, day, delta FROM bucket_log ORDER BY seq LIMIT ?1")
             .map_err(internal)?;
         let rows = s
-            .query_map([STEP_ROWS as i64], |r| {
+            .query_map([step_rows as i64], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
             })
             .map_err(internal)?;
@@ -228,7 +235,7 @@ pub(super) fn step(conn: &mut Connection, today: i64) -> Result<Progress, StoreE
         }
         tx.execute("DELETE FROM bucket_log WHERE seq <= ?1", [last])
             .map_err(internal)?;
-        if rows.len() == STEP_ROWS {
+        if rows.len() == step_rows {
             tx.commit().map_err(internal)?;
             return Ok(Progress {
                 pending_from: Some(last + 1),
@@ -246,7 +253,7 @@ pub(super) fn step(conn: &mut Connection, today: i64) -> Result<Progress, StoreE
             // Every day of the window changes: summing is cheaper than rolling.
             rebuild(&tx, s.len, today)?;
         } else {
-            roll_chunk(&tx, s)?;
+            roll_chunk(&tx, s, step_rows)?;
         }
     }
     let rolled = load_states(&tx)?
@@ -264,6 +271,7 @@ fn day_chunk(
     day: i64,
     after: i64,
     upto: i64,
+    rows: usize,
 ) -> Result<Vec<(i64, i64)>, StoreError> {
     let mut s = tx
         .prepare_cached(
@@ -272,7 +280,7 @@ fn day_chunk(
         )
         .map_err(internal)?;
     let rows = s
-        .query_map(params![day, after, upto, STEP_ROWS as i64], |r| {
+        .query_map(params![day, after, upto, rows as i64], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
         .map_err(internal)?;
@@ -284,17 +292,17 @@ fn day_chunk(
 /// enters (buckets dated ahead of the anchor, within the clock skew, or days
 /// missed while the server was down), and drops the counters left with no
 /// bucket in the window.
-fn roll_chunk(tx: &Connection, s: State) -> Result<(), StoreError> {
+fn roll_chunk(tx: &Connection, s: State, rows: usize) -> Result<(), StoreError> {
     let leaving = s.anchor - s.len + 1;
     let entering = s.anchor + 1;
-    let mut leave = day_chunk(tx, leaving, s.cursor, i64::MAX)?;
-    let mut hi = if leave.len() == STEP_ROWS {
+    let mut leave = day_chunk(tx, leaving, s.cursor, i64::MAX, rows)?;
+    let mut hi = if leave.len() == rows {
         leave.last().map_or(i64::MAX, |r| r.0)
     } else {
         i64::MAX
     };
-    let enter = day_chunk(tx, entering, s.cursor, hi)?;
-    if enter.len() == STEP_ROWS {
+    let enter = day_chunk(tx, entering, s.cursor, hi, rows)?;
+    if enter.len() == rows {
         hi = enter.last().map_or(hi, |r| r.0);
         leave.retain(|r| r.0 <= hi);
     }
@@ -341,7 +349,7 @@ pub(super) fn run_for(
 ) -> Result<Progress, StoreError> {
     let started = Instant::now();
     loop {
-        let p = step(conn, today)?;
+        let p = step(conn, today, BACKGROUND_STEP_ROWS)?;
         if (p.pending_from.is_none() && p.rolled) || started.elapsed() >= budget {
             return Ok(p);
         }
@@ -479,7 +487,7 @@ mod tests {
     #[test]
     fn writes_during_a_roll_land_on_each_counters_side_of_it() {
         let mut c = db();
-        let n = 2 * STEP_ROWS as i64 + 500;
+        let n = 2 * QUERY_STEP_ROWS as i64 + 500;
         for cid in 1..=n {
             counter(&c, cid);
             bump(&c, cid, T - 6, 1);
@@ -490,7 +498,7 @@ mod tests {
         backfill(&mut c, T).unwrap();
         assert_eq!(totals(&c, 7).len() as i64, n);
         while week_cursor(&c) == 0 {
-            step(&mut c, T + 1).unwrap();
+            step(&mut c, T + 1, QUERY_STEP_ROWS).unwrap();
         }
         let cursor = week_cursor(&c);
         assert!(cursor > 1 && cursor < n, "{cursor}");
@@ -501,7 +509,7 @@ mod tests {
             bump(&c, cid, T - 3, 7);
         }
         loop {
-            let p = step(&mut c, T + 1).unwrap();
+            let p = step(&mut c, T + 1, QUERY_STEP_ROWS).unwrap();
             if p.pending_from.is_none() && p.rolled {
                 break;
             }
