@@ -12,11 +12,21 @@ echo "== cargo clippy (warnings denied)"
 cargo clippy --locked --all-targets -- -D warnings
 
 echo "== cargo test"
-cargo test --locked
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --locked 2>&1 | tee "$log"
+# Totals over every test binary, for the closing line below.
+count() { awk -v what="$2" '/^test result:/ { for (i = 2; i <= NF; i++) if ($i == what) n += $(i - 1) } END { print n + 0 }' "$1"; }
+passed=$(count "$log" "passed;"); failed=$(count "$log" "failed;"); ignored=$(count "$log" "ignored;")
 
 echo "== real-Elasticsearch suite"
 if [ -n "${ELASTICSEARCH_URL:-}" ]; then
-  cargo test --locked --test es_real -- --ignored
+  es_log=$(mktemp)
+  cargo test --locked --test es_real -- --ignored 2>&1 | tee "$es_log"
+  # Those tests ran: they move from skipped to passed.
+  es_passed=$(count "$es_log" "passed;")
+  passed=$((passed + es_passed)); ignored=$((ignored - es_passed))
+  rm -f "$es_log"
 else
   echo "real-Elasticsearch suite: SKIPPED, not run: ELASTICSEARCH_URL is not set and no Elasticsearch can be started here (no Docker engine); its 7 tests are listed above as ignored"
 fi
@@ -25,3 +35,7 @@ if [ -x scripts/schemathesis.sh ]; then
   echo "== schemathesis against a live server"
   scripts/schemathesis.sh
 fi
+
+# One closing line for the whole gate; the ignored tests are the
+# real-Elasticsearch suite (unless it ran above) and the query benchmark.
+echo "tests: ${passed} passed, ${failed} failed, ${ignored} skipped"
