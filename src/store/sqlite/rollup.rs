@@ -190,6 +190,16 @@ impl Progress {
     }
 }
 
+/// How many log rows wait to be folded (at most; a delete leaves gaps).
+pub(super) fn backlog(conn: &Connection) -> Result<i64, StoreError> {
+    conn.query_row(
+        "SELECT coalesce(max(seq) - min(seq) + 1, 0) FROM bucket_log",
+        [],
+        |r| r.get(0),
+    )
+    .map_err(internal)
+}
+
 /// The newest log row: what a query must see folded to be exact as of now.
 pub(super) fn last_seq(conn: &Connection) -> Result<i64, StoreError> {
     conn.query_row("SELECT coalesce(max(seq), 0) FROM bucket_log", [], |r| {
