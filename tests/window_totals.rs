@@ -43,7 +43,10 @@ async fn write(store: &SqliteStore, events: Vec<Increment>) {
     assert!(matches!(out.requests[0], RequestOutcome::Applied { .. }));
 }
 
+/// A named-window top list read from the kept totals: the log is folded
+/// first, so the query does not fall back to summing buckets.
 async fn top(store: &SqliteStore, len: i64, category: Option<&str>, size: usize) -> Vec<TopEntry> {
+    store.catch_up().await.unwrap();
     let today = store.today();
     store
         .top(&TopQuery {
