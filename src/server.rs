@@ -7,14 +7,17 @@ use tokio::net::TcpListener;
 
 use crate::api::{self, Gateway};
 use crate::config::ServeArgs;
+use crate::domain::Clock;
 use crate::metrics::Metrics;
 use crate::store::elasticsearch::{ElasticsearchStore, SetupArgs};
 use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
-use crate::tenant::{OpenStore, Tenants, DEFAULT_TENANT};
+use crate::tenant::{OpenStore, Shared, Tenants, DEFAULT_TENANT};
 
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     args.validate()?;
+    // The one clock of the process: every store and handler reads it.
+    let clock = Clock::system();
     let keys = args.keys()?;
     args.check_exposure(&keys)?;
     let (store, open): (Arc<dyn Store>, OpenStore) = match args
@@ -24,7 +27,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         Some(es) => {
             let (url, prefix) = (es.url.clone(), es.names.prefix().to_string());
             // Templates and scripts are installed once, for every tenant.
-            let store = ElasticsearchStore::open(es, !args.elasticsearch.skip_setup)
+            let store = ElasticsearchStore::open(es, clock.clone(), !args.elasticsearch.skip_setup)
                 .await
                 .map_err(|e| e.to_string())?;
             tracing::info!(%url, index_prefix = %prefix, "elasticsearch store open");
@@ -39,12 +42,22 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             (Arc::new(store), open)
         }
         None => {
-            let store = SqliteStore::open(&args.data_dir, args.durability, args.idempotency_window)
-                .map_err(|e| e.to_string())?;
+            let store = SqliteStore::open(
+                &args.data_dir,
+                args.durability,
+                args.idempotency_window,
+                clock.clone(),
+            )
+            .map_err(|e| e.to_string())?;
             tracing::info!(data_dir = %args.data_dir.display(), durability = ?args.durability, "embedded store open");
             (
                 Arc::new(store),
-                crate::tenant::embedded(&args.data_dir, args.durability, args.idempotency_window),
+                crate::tenant::embedded(
+                    &args.data_dir,
+                    args.durability,
+                    args.idempotency_window,
+                    clock.clone(),
+                ),
             )
         }
     };
@@ -52,9 +65,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let tenants = Tenants::start(
         store,
         args.pipeline(),
-        args.time_policy(),
-        args.limits(),
-        metrics.clone(),
+        Shared {
+            time_policy: args.time_policy(),
+            clock,
+            limits: args.limits(),
+            metrics: metrics.clone(),
+        },
         Some(open),
         args.max_tenants,
     );
@@ -115,7 +131,7 @@ pub async fn setup(args: SetupArgs) -> Result<(), String> {
         .elasticsearch
         .to_config(std::time::Duration::ZERO)?
         .ok_or("setup needs --elasticsearch-url (or COUNTER_GATEWAY_ELASTICSEARCH_URL)")?;
-    let store = ElasticsearchStore::new(es).map_err(|e| e.to_string())?;
+    let store = ElasticsearchStore::new(es, Clock::system()).map_err(|e| e.to_string())?;
     let report = store.setup().await.map_err(|e| e.to_string())?;
     tracing::info!(installed = ?report.installed, current = ?report.current, newer = ?report.newer, "setup done");
     Ok(())

@@ -17,7 +17,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::api::{AppState, Limits};
-use crate::domain::TimePolicy;
+use crate::domain::{Clock, TimePolicy};
 use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::store::sqlite::{Durability, SqliteStore};
@@ -34,12 +34,17 @@ pub type OpenStore = Box<dyn Fn(&str) -> Result<Arc<dyn Store>, String> + Send +
 /// `<data_dir>/tenants/<tenant>/`. (The default tenant stays in `<data_dir>`,
 /// where it was before tenants came; tenant names hold no `.`, so they never
 /// meet its files.)
-pub fn embedded(data_dir: &Path, durability: Durability, id_window: Duration) -> OpenStore {
+pub fn embedded(
+    data_dir: &Path,
+    durability: Durability,
+    id_window: Duration,
+    clock: Clock,
+) -> OpenStore {
     let dir = data_dir.join("tenants");
     Box::new(move |tenant| {
         let dir = dir.join(tenant);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        SqliteStore::open(&dir, durability, id_window)
+        SqliteStore::open(&dir, durability, id_window, clock.clone())
             .map(|s| Arc::new(s) as Arc<dyn Store>)
             .map_err(|e| e.to_string())
     })
@@ -98,20 +103,32 @@ pub struct Tenants {
     closed: AtomicBool,
 }
 
+/// What every tenant shares: the rules for event times, the clock, the
+/// request limits and the metrics.
+pub struct Shared {
+    pub time_policy: TimePolicy,
+    pub clock: Clock,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+}
+
 impl Tenants {
     /// Starts the default tenant's pipeline over `store`; other tenants are
     /// opened with `open` when first named (none when `open` is `None`), at
-    /// most `max_tenants` in all (the default counted). Every tenant shares
-    /// the time policy, limits and metrics.
+    /// most `max_tenants` in all (the default counted).
     pub fn start(
         store: Arc<dyn Store>,
         pipeline: PipelineConfig,
-        time_policy: TimePolicy,
-        limits: Limits,
-        metrics: Arc<Metrics>,
+        shared: Shared,
         open: Option<OpenStore>,
         max_tenants: usize,
     ) -> Tenants {
+        let Shared {
+            time_policy,
+            clock,
+            limits,
+            metrics,
+        } = shared;
         let permits = Arc::new(Semaphore::new(pipeline.queue_capacity));
         let (p, flusher) = Pipeline::start_sharing(
             store.clone(),
@@ -124,6 +141,7 @@ impl Tenants {
                 store,
                 pipeline: p,
                 time_policy,
+                clock,
                 limits,
                 metrics,
             },

@@ -5,6 +5,8 @@
 //! refused. Each test checks which items were resent, what was acknowledged
 //! and what the client sees. Back-off uses the fast test variant.
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "conformance/runner.rs"]
 mod runner;
 
@@ -17,8 +19,10 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, Request, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use chrono::Utc;
-use counter_gateway::domain::{CounterKey, Increment, IncrementSpec, TimePolicy};
+use chrono::{DateTime, Utc};
+use counter_gateway::domain::{
+    Clock, CounterKey, Increment, IncrementSpec, ManualClock, TimePolicy,
+};
 use counter_gateway::metrics::Metrics;
 use counter_gateway::pipeline::{Pipeline, PipelineConfig};
 use counter_gateway::store::elasticsearch::config::EsConfig;
@@ -771,7 +775,7 @@ impl Fake {
     fn put_value(&self, index: &str, id: &str, value: i64) {
         let mut st = self.0.lock().unwrap();
         let (e, a, u) = counter_gateway::domain::decode_doc_id(id).unwrap();
-        let now = Utc::now().timestamp_millis();
+        let now = now().timestamp_millis();
         let src = json!({"counter_id": id, "entity": e, "action": a, "uuid": u, "value": value,
             "first_timestamp": now, "recorded_timestamp": now});
         st.docs.insert(
@@ -790,22 +794,39 @@ const COUNTERS: &str = "counter-gateway_default_counters";
 fn today_buckets() -> String {
     format!(
         "counter-gateway_default_histogram_counters-{}",
-        Utc::now().format("%Y.%m")
+        now().format("%Y.%m")
     )
 }
 
 fn bucket_id(counter_id: &str) -> String {
-    format!("{counter_id}@{}", Utc::now().format("%Y-%m-%d"))
+    format!("{counter_id}@{}", now().format("%Y-%m-%d"))
+}
+
+/// The tests' now: the clock every store and app here reads stands at it.
+fn now() -> DateTime<Utc> {
+    common::test_now()
+}
+
+fn clock() -> Clock {
+    ManualClock::new(now()).clock()
 }
 
 fn store_at(url: &str) -> Arc<ElasticsearchStore> {
+    store_with_clock(url, clock())
+}
+
+fn store_with_clock(url: &str, clock: Clock) -> Arc<ElasticsearchStore> {
     let mut cfg = EsConfig::new(url, "counter-gateway", "default").unwrap();
     cfg.backoff = Backoff::for_test();
     cfg.request_timeout = Duration::from_secs(5);
-    Arc::new(ElasticsearchStore::new(cfg).unwrap())
+    Arc::new(ElasticsearchStore::new(cfg, clock).unwrap())
 }
 
 fn app(store: Arc<ElasticsearchStore>) -> Router {
+    app_with_clock(store, clock())
+}
+
+fn app_with_clock(store: Arc<ElasticsearchStore>, clock: Clock) -> Router {
     let metrics = Arc::new(Metrics::default());
     let config = PipelineConfig {
         ack_timeout: Duration::from_secs(5),
@@ -816,6 +837,7 @@ fn app(store: Arc<ElasticsearchStore>) -> Router {
         store,
         pipeline,
         time_policy: TimePolicy::default(),
+        clock,
         limits: Limits::default(),
         metrics,
     })
@@ -852,7 +874,7 @@ fn inc(uuid: &str, count: i64, id: Option<&str>) -> Increment {
         id,
         ..Default::default()
     };
-    Increment::from_spec(&spec, &TimePolicy::default(), Utc::now()).unwrap()
+    Increment::from_spec(&spec, &TimePolicy::default(), now()).unwrap()
 }
 
 fn cid(uuid: &str) -> String {
@@ -1233,6 +1255,7 @@ async fn bulk_items_are_bounded_by_distinct_keys_not_requests() {
         store,
         pipeline,
         time_policy: TimePolicy::default(),
+        clock: clock(),
         limits: Limits::default(),
         metrics,
     });
@@ -1262,11 +1285,11 @@ async fn bulk_items_are_bounded_by_distinct_keys_not_requests() {
 // ---------------------------------------------------------------------------
 
 fn ago(days: i64) -> String {
-    (Utc::now() - chrono::Duration::days(days)).to_rfc3339()
+    (now() - chrono::Duration::days(days)).to_rfc3339()
 }
 
 fn day_ago(days: i64) -> String {
-    (Utc::now() - chrono::Duration::days(days))
+    (now() - chrono::Duration::days(days))
         .format("%Y-%m-%d")
         .to_string()
 }
@@ -1614,11 +1637,13 @@ async fn average_samples_are_written_and_ranked() {
 /// shapes the store sends, the way the reference describes them).
 #[tokio::test]
 async fn conformance_scenarios_pass_on_the_fake_cluster() {
-    runner::run_all(|| async {
+    runner::run_all(now(), |clock| async move {
         let fake = Fake::default();
         let addr = fake.start().await;
+        let store = store_with_clock(&format!("http://{addr}"), clock.clock());
         runner::Target {
-            router: app(store_at(&format!("http://{addr}"))),
+            router: app_with_clock(store, clock.clock()),
+            clock,
             guard: Box::new(fake),
         }
     })

@@ -9,6 +9,8 @@
 //! without having run. Each test writes under its own index prefix
 //! (`cg-test-<n>`) and removes its indices, templates and scripts afterwards.
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "conformance/runner.rs"]
 mod runner;
 
@@ -19,7 +21,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::Request;
 use axum::Router;
-use counter_gateway::domain::TimePolicy;
+use counter_gateway::domain::{Clock, ManualClock, TimePolicy};
 use counter_gateway::metrics::Metrics;
 use counter_gateway::pipeline::{Pipeline, PipelineConfig};
 use counter_gateway::store::elasticsearch::config::EsConfig;
@@ -133,17 +135,22 @@ impl Es {
     }
 }
 
-async fn es_router(url: &str, prefix: &str) -> Router {
+/// The tests' clock: it stands at `common::test_now()`.
+fn clock() -> Clock {
+    ManualClock::new(common::test_now()).clock()
+}
+
+async fn es_router(url: &str, prefix: &str, clock: Clock) -> Router {
     let cfg = EsConfig::new(url, prefix, "default").unwrap();
     let store: Arc<dyn Store> = Arc::new(
-        ElasticsearchStore::open(cfg, true)
+        ElasticsearchStore::open(cfg, clock.clone(), true)
             .await
             .expect("setup against the cluster"),
     );
-    router_over(store)
+    router_over(store, clock)
 }
 
-fn router_over(store: Arc<dyn Store>) -> Router {
+fn router_over(store: Arc<dyn Store>, clock: Clock) -> Router {
     let metrics = Arc::new(Metrics::default());
     let config = PipelineConfig {
         ack_timeout: Duration::from_secs(20),
@@ -154,6 +161,7 @@ fn router_over(store: Arc<dyn Store>) -> Router {
         store,
         pipeline,
         time_policy: TimePolicy::default(),
+        clock,
         limits: Limits::default(),
         metrics,
     })
@@ -166,7 +174,7 @@ async fn start() -> (Es, Router) {
         prefix: prefix(),
         http: reqwest::Client::new(),
     };
-    let r = es_router(&url, &es.prefix).await;
+    let r = es_router(&url, &es.prefix, clock()).await;
     (es, r)
 }
 
@@ -319,7 +327,7 @@ async fn event_ids_are_counted_once() {
 #[ignore = "needs a real Elasticsearch: set ELASTICSEARCH_URL (or run where testcontainers can start one)"]
 async fn delete_removes_the_counter_and_its_buckets() {
     let (es, r) = start().await;
-    let yesterday = (chrono::Utc::now() - chrono::Duration::days(1)).to_rfc3339();
+    let yesterday = (common::test_now() - chrono::Duration::days(1)).to_rfc3339();
     call(&r, "POST", "/v1/counters/D/x/u/increment", None).await;
     call(
         &r,
@@ -345,7 +353,8 @@ async fn delete_removes_the_counter_and_its_buckets() {
 async fn setup_is_idempotent() {
     let url = cluster().await;
     let prefix = prefix();
-    let store = ElasticsearchStore::new(EsConfig::new(&url, &prefix, "default").unwrap()).unwrap();
+    let store =
+        ElasticsearchStore::new(EsConfig::new(&url, &prefix, "default").unwrap(), clock()).unwrap();
     let first = store.setup().await.unwrap();
     assert_eq!(first.installed.len(), 12, "{first:?}");
     let second = store.setup().await.unwrap();
@@ -364,9 +373,15 @@ async fn same_totals_as_the_embedded_store() {
     let (es, on_es) = start().await;
     let dir = tempfile::tempdir().unwrap();
     let sqlite: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(dir.path(), Durability::Relaxed, Duration::from_secs(86_400)).unwrap(),
+        SqliteStore::open(
+            dir.path(),
+            Durability::Relaxed,
+            Duration::from_secs(86_400),
+            clock(),
+        )
+        .unwrap(),
     );
-    let embedded = router_over(sqlite);
+    let embedded = router_over(sqlite, clock());
     // A deterministic mix: many keys, repeats, negatives, categories, past
     // hours, and every fifth event sent twice with its id (a client retry).
     let mut requests = Vec::new();
@@ -376,7 +391,7 @@ async fn same_totals_as_the_embedded_store() {
         let hours_ago = chrono::Duration::hours((i % 50) as i64);
         let mut ev = json!({"entity": "VIDEO", "action": action, "uuid": uuid,
             "count": (i as i64 % 5) - 1,
-            "timestamp": (chrono::Utc::now() - hours_ago).to_rfc3339()});
+            "timestamp": (common::test_now() - hours_ago).to_rfc3339()});
         if i % 4 == 0 {
             ev["category"] = json!(["news", "sports"][(i % 8 / 4) as usize]);
         }
@@ -434,13 +449,14 @@ fn refreshing(router: Router, url: &str, prefix: &str) -> Router {
 #[ignore = "needs a real Elasticsearch: set ELASTICSEARCH_URL (or run where testcontainers can start one)"]
 async fn conformance_scenarios_pass_on_elasticsearch() {
     let url = cluster().await;
-    runner::run_all(|| {
+    runner::run_all(common::test_now(), |clock| {
         let url = url.clone();
         async move {
             let prefix = prefix();
-            let router = refreshing(es_router(&url, &prefix).await, &url, &prefix);
+            let router = refreshing(es_router(&url, &prefix, clock.clock()).await, &url, &prefix);
             runner::Target {
                 router,
+                clock,
                 guard: Box::new(prefix),
             }
         }

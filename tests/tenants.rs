@@ -166,7 +166,7 @@ fn an_elasticsearch_tenant_has_its_own_indices() {
     use counter_gateway::store::elasticsearch::config::EsConfig;
     use counter_gateway::store::elasticsearch::ElasticsearchStore;
     let config = EsConfig::new("http://127.0.0.1:9", "cg", "default").unwrap();
-    let base = ElasticsearchStore::new(config).unwrap();
+    let base = ElasticsearchStore::new(config, counter_gateway::domain::Clock::system()).unwrap();
     let acme = base.for_tenant("acme").unwrap();
     assert_eq!(acme.config().names.counters(), "cg_acme_counters");
     assert_eq!(acme.config().names.averages(), "cg_acme_average_counters");

@@ -2,23 +2,52 @@
 //! `last_week`, `last_month`, `last_year`) against a model that sums day
 //! buckets the way the README defines windowed lists: the counters with at
 //! least one bucket in the window, by their sum there descending, ties by
-//! uuid. The day is pinned with `SqliteStore::set_today`, so midnight is
-//! crossed without waiting for it.
+//! uuid. The store is given a manual clock, so midnight is crossed (and the
+//! clock stepped back) exactly where a test says, on whatever date the test
+//! starts from: `common::test_now()`, which the gate sets to a month's last
+//! day, 31 December, 29 February and a second before midnight.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use counter_gateway::domain::{CounterKey, Increment, Kind, Window};
+use counter_gateway::domain::{day_of, CounterKey, Increment, Kind, ManualClock, Window};
 use counter_gateway::store::sqlite::{Durability, SqliteStore};
 use counter_gateway::store::{RequestOutcome, Store, TopEntry, TopQuery, WriteBatch};
 
-/// 2026-11-30.
-const T: i64 = 20_787;
+#[path = "common/mod.rs"]
+mod common;
+
 const LENGTHS: [i64; 4] = [1, 7, 30, 365];
 
-fn open(dir: &std::path::Path) -> SqliteStore {
-    SqliteStore::open(dir, Durability::Relaxed, Duration::from_secs(3600)).unwrap()
+/// The day the tests start on: `test_now()`'s.
+fn t0() -> i64 {
+    day_of(common::test_now())
+}
+
+/// The store's clock, moved a whole day at a time (keeping the time of day
+/// of `test_now()`) or anywhere.
+struct Days(ManualClock);
+
+impl Days {
+    fn set_day(&self, day: i64) {
+        self.0
+            .set(common::test_now() + chrono::Duration::days(day - t0()));
+    }
+}
+
+/// A store whose clock stands on `day`.
+fn open(dir: &std::path::Path, day: i64) -> (SqliteStore, Days) {
+    let days = Days(ManualClock::new(common::test_now()));
+    days.set_day(day);
+    let store = SqliteStore::open(
+        dir,
+        Durability::Relaxed,
+        Duration::from_secs(3600),
+        days.0.clock(),
+    )
+    .unwrap();
+    (store, days)
 }
 
 fn inc(uuid: &str, day: i64, delta: i64, category: Option<&str>) -> Increment {
@@ -86,19 +115,19 @@ fn kept_rows(dir: &std::path::Path, len: i64) -> i64 {
 
 #[tokio::test]
 async fn windows_move_at_midnight() {
+    let t = t0();
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    store.set_today(Some(T));
+    let (store, clock) = open(dir.path(), t);
     write(
         &store,
         vec![
-            inc("a", T - 6, 5, None),
-            inc("a", T, 1, None),
-            inc("b", T - 7, 100, None),
-            inc("c", T, 3, None),
-            inc("d", T - 29, 7, None),
-            inc("e", T - 364, 9, None),
-            inc("e", T - 365, 1000, None),
+            inc("a", t - 6, 5, None),
+            inc("a", t, 1, None),
+            inc("b", t - 7, 100, None),
+            inc("c", t, 3, None),
+            inc("d", t - 29, 7, None),
+            inc("e", t - 364, 9, None),
+            inc("e", t - 365, 1000, None),
         ],
     )
     .await;
@@ -120,7 +149,7 @@ async fn windows_move_at_midnight() {
     );
     assert_eq!(kept_rows(dir.path(), 365), 5);
 
-    store.set_today(Some(T + 1));
+    clock.set_day(t + 1);
     assert_eq!(pairs(&top(&store, 1, None, 10).await), list(&[]));
     assert_eq!(
         pairs(&top(&store, 7, None, 10).await),
@@ -135,7 +164,7 @@ async fn windows_move_at_midnight() {
         list(&[("b", 100), ("d", 7), ("a", 6), ("c", 3)])
     );
     // Far ahead: every window is empty.
-    store.set_today(Some(T + 1000));
+    clock.set_day(t + 1000);
     for len in LENGTHS {
         assert_eq!(pairs(&top(&store, len, None, 10).await), list(&[]), "{len}");
     }
@@ -143,14 +172,14 @@ async fn windows_move_at_midnight() {
 
 #[tokio::test]
 async fn a_bucket_dated_ahead_enters_when_its_day_comes() {
+    let t = t0();
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    store.set_today(Some(T));
+    let (store, clock) = open(dir.path(), t);
     // Within the clock skew an event may land on tomorrow.
-    write(&store, vec![inc("x", T + 1, 4, None), inc("y", T, 2, None)]).await;
+    write(&store, vec![inc("x", t + 1, 4, None), inc("y", t, 2, None)]).await;
     assert_eq!(pairs(&top(&store, 1, None, 10).await), list(&[("y", 2)]));
     assert_eq!(pairs(&top(&store, 7, None, 10).await), list(&[("y", 2)]));
-    store.set_today(Some(T + 1));
+    clock.set_day(t + 1);
     assert_eq!(pairs(&top(&store, 1, None, 10).await), list(&[("x", 4)]));
     assert_eq!(
         pairs(&top(&store, 7, None, 10).await),
@@ -160,42 +189,42 @@ async fn a_bucket_dated_ahead_enters_when_its_day_comes() {
 
 #[tokio::test]
 async fn zero_and_negative_totals_stay_while_a_bucket_is_in_the_window() {
+    let t = t0();
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    store.set_today(Some(T));
+    let (store, clock) = open(dir.path(), t);
     write(
         &store,
         vec![
-            inc("zero", T - 1, 5, None),
-            inc("neg", T - 2, -3, None),
-            inc("pos", T - 8, 1, None),
+            inc("zero", t - 1, 5, None),
+            inc("neg", t - 2, -3, None),
+            inc("pos", t - 8, 1, None),
         ],
     )
     .await;
-    write(&store, vec![inc("zero", T - 1, -5, None)]).await;
+    write(&store, vec![inc("zero", t - 1, -5, None)]).await;
     assert_eq!(
         pairs(&top(&store, 7, None, 10).await),
         list(&[("zero", 0), ("neg", -3)])
     );
-    store.set_today(Some(T + 5));
+    clock.set_day(t + 5);
     assert_eq!(pairs(&top(&store, 7, None, 10).await), list(&[("zero", 0)]));
-    store.set_today(Some(T + 6));
+    clock.set_day(t + 6);
     assert_eq!(pairs(&top(&store, 7, None, 10).await), list(&[]));
     assert_eq!(kept_rows(dir.path(), 7), 0);
 }
 
 #[tokio::test]
 async fn ties_by_uuid_and_categories_by_the_current_one() {
+    let t = t0();
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    store.set_today(Some(T));
+    let (store, _clock) = open(dir.path(), t);
     write(
         &store,
         vec![
-            inc("b", T, 2, Some("sports")),
-            inc("a", T, 2, Some("news")),
-            inc("c", T, 2, Some("sports")),
-            inc("d", T - 3, 1, Some("sports")),
+            inc("b", t, 2, Some("sports")),
+            inc("a", t, 2, Some("news")),
+            inc("c", t, 2, Some("sports")),
+            inc("d", t - 3, 1, Some("sports")),
         ],
     )
     .await;
@@ -212,7 +241,7 @@ async fn ties_by_uuid_and_categories_by_the_current_one() {
         list(&[("b", 2), ("c", 2), ("d", 1)])
     );
     // A counter's category is its latest: the lists follow it.
-    write(&store, vec![inc("a", T - 40, 0, Some("sports"))]).await;
+    write(&store, vec![inc("a", t - 40, 0, Some("sports"))]).await;
     let sports = top(&store, 7, Some("sports"), 10).await;
     assert_eq!(
         pairs(&sports),
@@ -226,22 +255,22 @@ async fn ties_by_uuid_and_categories_by_the_current_one() {
 
 #[tokio::test]
 async fn deleted_counters_leave_every_window_and_a_new_one_starts_afresh() {
+    let t = t0();
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    store.set_today(Some(T));
-    write(&store, vec![inc("a", T, 5, None), inc("z", T, 7, None)]).await;
+    let (store, _clock) = open(dir.path(), t);
+    write(&store, vec![inc("a", t, 5, None), inc("z", t, 7, None)]).await;
     assert_eq!(
         pairs(&top(&store, 7, None, 10).await),
         list(&[("z", 7), ("a", 5)])
     );
     // Logged but not yet folded when the counter goes: `z` holds the
     // largest cid, which SQLite hands to the next new counter.
-    write(&store, vec![inc("z", T - 1, 100, None)]).await;
+    write(&store, vec![inc("z", t - 1, 100, None)]).await;
     assert!(store
         .delete(&CounterKey::new("VIDEO", "VIEW", "z").unwrap())
         .await
         .unwrap());
-    write(&store, vec![inc("n", T, 1, None)]).await;
+    write(&store, vec![inc("n", t, 1, None)]).await;
     for len in LENGTHS {
         assert_eq!(
             pairs(&top(&store, len, None, 10).await),
@@ -253,11 +282,10 @@ async fn deleted_counters_leave_every_window_and_a_new_one_starts_afresh() {
 
 #[tokio::test]
 async fn a_database_without_window_totals_is_back_filled_at_open() {
+    let t = t0();
     let dir = tempfile::tempdir().unwrap();
     {
-        let store = open(dir.path());
-        store.set_today(Some(crate_today()));
-        let t = crate_today();
+        let (store, _clock) = open(dir.path(), t);
         write(
             &store,
             vec![inc("a", t, 5, None), inc("b", t - 10, 8, None)],
@@ -272,7 +300,7 @@ async fn a_database_without_window_totals_is_back_filled_at_open() {
     )
     .unwrap();
     drop(conn);
-    let store = open(dir.path());
+    let (store, _clock) = open(dir.path(), t);
     assert_eq!(kept_rows(dir.path(), 30), 2);
     assert_eq!(pairs(&top(&store, 7, None, 10).await), list(&[("a", 5)]));
     assert_eq!(
@@ -281,27 +309,22 @@ async fn a_database_without_window_totals_is_back_filled_at_open() {
     );
 }
 
-/// The real UTC day: a reopened store reads the clock.
-fn crate_today() -> i64 {
-    counter_gateway::domain::day_of(chrono::Utc::now())
-}
-
 /// More counters on one day than a roll-up step handles, so the day that
 /// leaves is subtracted in several chunks.
 #[tokio::test]
 async fn a_day_of_many_counters_rolls_in_chunks() {
+    let t = t0();
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    store.set_today(Some(T));
+    let (store, clock) = open(dir.path(), t);
     let n = 45_000;
     let events = (0..n)
-        .map(|i| inc(&format!("u{i:05}"), T - 6, 1 + (i % 7), None))
-        .chain([inc("keep", T, 3, None)])
+        .map(|i| inc(&format!("u{i:05}"), t - 6, 1 + (i % 7), None))
+        .chain([inc("keep", t, 3, None)])
         .collect();
     write(&store, events).await;
     assert_eq!(top(&store, 7, None, 1000).await.len(), 1000);
     assert_eq!(kept_rows(dir.path(), 7), n + 1);
-    store.set_today(Some(T + 1));
+    clock.set_day(t + 1);
     assert_eq!(pairs(&top(&store, 7, None, 10).await), list(&[("keep", 3)]));
     assert_eq!(kept_rows(dir.path(), 7), 1);
     let month = top(&store, 30, None, 3).await;
@@ -356,17 +379,21 @@ impl Model {
 /// buckets, with and without a category, and for a list cut short.
 #[tokio::test]
 async fn kept_totals_equal_summed_buckets_over_random_workloads() {
+    let t = t0();
     for seed in 1..=6u64 {
         let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path());
+        let (store, clock) = open(dir.path(), t);
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let mut model = Model::default();
-        let mut today = T;
-        store.set_today(Some(today));
-        let rolls = [0, 1, 1, 2, 6, 7, 29, 31, 1, 400, 364, 1];
+        let mut today = t;
+        // The latest day the clock has shown: the kept totals never roll back.
+        let mut latest = t;
+        // Negative rolls: the clock stepped back (an NTP correction).
+        let rolls = [0, 1, 1, 2, -1, 6, 7, 29, -3, 31, 1, 400, -2, 364, 1];
         for (round, roll) in rolls.into_iter().enumerate() {
             today += roll;
-            store.set_today(Some(today));
+            latest = latest.max(today);
+            clock.set_day(today);
             for _ in 0..(1 + rng.below(4)) {
                 let mut events = Vec::new();
                 for _ in 0..rng.below(60) {
@@ -413,12 +440,49 @@ async fn kept_totals_equal_summed_buckets_over_random_workloads() {
                     let got = pairs(&top(&store, len, category, 3).await);
                     assert_eq!(got, want[..want.len().min(3)], "seed {seed} round {round}");
                 }
+                // While the clock is behind the latest day it showed, the
+                // lists above were summed from buckets; the kept totals stay
+                // at that latest day, untouched, until the clock is back.
+                let kept_day = latest;
                 assert_eq!(
                     kept_rows(dir.path(), len),
-                    model.top(today - len + 1, today, None).len() as i64,
+                    model.top(kept_day - len + 1, kept_day, None).len() as i64,
                     "seed {seed} round {round} window {len}: rows kept"
                 );
             }
         }
     }
+}
+
+/// The wall clock stepped back across midnight (an NTP correction): windowed
+/// lists end on the clock's day and stay exact (summed from buckets while the
+/// kept totals are ahead), nothing fails, and once the clock is forward again
+/// the kept totals serve the lists as before.
+#[tokio::test]
+async fn a_clock_stepping_back_over_midnight_keeps_lists_exact() {
+    let t = t0();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, clock) = open(dir.path(), t);
+    write(&store, vec![inc("a", t - 1, 5, None), inc("b", t, 2, None)]).await;
+    assert_eq!(pairs(&top(&store, 1, None, 10).await), list(&[("b", 2)]));
+    // Back to yesterday: last_day is yesterday's list.
+    clock.set_day(t - 1);
+    write(&store, vec![inc("c", t - 1, 1, None)]).await;
+    assert_eq!(
+        pairs(&top(&store, 1, None, 10).await),
+        list(&[("a", 5), ("c", 1)])
+    );
+    assert_eq!(
+        pairs(&top(&store, 7, None, 10).await),
+        list(&[("a", 5), ("c", 1)]),
+        "the week ending yesterday leaves out the day after it"
+    );
+    // Forward again: the kept totals (still anchored on `t`) answer.
+    clock.set_day(t);
+    assert_eq!(pairs(&top(&store, 1, None, 10).await), list(&[("b", 2)]));
+    assert_eq!(
+        pairs(&top(&store, 7, None, 10).await),
+        list(&[("a", 5), ("b", 2), ("c", 1)])
+    );
+    assert_eq!(kept_rows(dir.path(), 7), 3);
 }

@@ -91,10 +91,10 @@ pub async fn post(
         timestamp: b.timestamp.as_deref(),
         id: b.id.as_deref(),
     };
-    let inc = Increment::sample(&spec, &app.time_policy, chrono::Utc::now())
+    let inc = Increment::sample(&spec, &app.time_policy, app.clock.now())
         .map_err(ApiError::BadRequest)?;
     let applied = app.pipeline.submit(vec![inc], None).await?;
-    let all = window(None, None, None)?;
+    let all = window(&app, None, None, None)?;
     let avg = app.store.average(&key, None).await?.ok_or_else(|| {
         if applied.duplicates > 0 {
             // The id was counted before, for another key: nothing was added here.
@@ -124,7 +124,12 @@ pub async fn get(
     QueryParams(p): QueryParams<AverageParams>,
 ) -> Result<Json<AverageJson>, ApiError> {
     let key = path.key()?;
-    let resolved = window(p.interval.as_deref(), p.from.as_deref(), p.to.as_deref())?;
+    let resolved = window(
+        &app,
+        p.interval.as_deref(),
+        p.from.as_deref(),
+        p.to.as_deref(),
+    )?;
     let avg = app
         .store
         .average(&key, resolved.window)

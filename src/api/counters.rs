@@ -51,7 +51,7 @@ async fn add(
         parse_json(body)?
     };
     let spec = parsed.spec(&path.entity, &path.action, &path.uuid, negate);
-    let inc = Increment::from_spec(&spec, &app.time_policy, chrono::Utc::now())
+    let inc = Increment::from_spec(&spec, &app.time_policy, app.clock.now())
         .map_err(ApiError::BadRequest)?;
     let key = inc.key.clone();
     let applied = app.pipeline.submit(vec![inc], Some(key.clone())).await?;

@@ -20,7 +20,7 @@ pub async fn post(
             "the body is empty; send {\"events\": [...]}".into(),
         ));
     }
-    let now = Utc::now();
+    let now = app.clock.now();
     let parsed: EventsBody = match parse_json(&body) {
         Ok(b) => b,
         Err(e) => return Err(explain_parse_failure(&body, &app, now).unwrap_or(e)),

@@ -21,7 +21,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::domain::TimePolicy;
+use crate::domain::{Clock, TimePolicy};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
@@ -51,6 +51,8 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub pipeline: Pipeline,
     pub time_policy: TimePolicy,
+    /// Every "now" of a request: event times, windows, report cut-offs.
+    pub clock: Clock,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
 }

@@ -7,9 +7,8 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::extract::{PathParams, QueryParams};
-use crate::domain::{
-    day_of, format_day, resolve_window, validate_name, CounterKey, Resolved, Window,
-};
+use super::AppState;
+use crate::domain::{format_day, resolve_window, validate_name, CounterKey, Resolved, Window};
 use crate::error::ApiError;
 use crate::store::{TopAveragesQuery, TopQuery};
 
@@ -43,17 +42,14 @@ impl PairPath {
     }
 }
 
-/// The UTC day of the server clock: what windows are resolved against.
-pub fn today() -> i64 {
-    day_of(chrono::Utc::now())
-}
-
+/// Resolves a window against the UTC day of the app's clock.
 pub fn window(
+    app: &AppState,
     interval: Option<&str>,
     from: Option<&str>,
     to: Option<&str>,
 ) -> Result<Resolved, ApiError> {
-    resolve_window(interval, from, to, today()).map_err(ApiError::BadRequest)
+    resolve_window(interval, from, to, app.clock.today()).map_err(ApiError::BadRequest)
 }
 
 /// A positive integer parameter within `1..=max`, or `default` when absent.
@@ -140,9 +136,9 @@ pub async fn histogram(
         (None, None, None) => Some("last_month"),
         (i, _, _) => i.as_deref(),
     };
-    let mut resolved = window(interval, p.from.as_deref(), p.to.as_deref())?;
+    let mut resolved = window(&app, interval, p.from.as_deref(), p.to.as_deref())?;
     let w = *resolved.window.get_or_insert_with(|| {
-        let today = today();
+        let today = app.clock.today();
         Window {
             from_day: today - i64::from(app.time_policy.retention_days),
             to_day: today,
@@ -220,7 +216,12 @@ pub async fn top(
     QueryParams(p): QueryParams<TopParams>,
 ) -> Result<Json<TopJson>, ApiError> {
     let (entity, action) = path.validated()?;
-    let resolved = window(p.interval.as_deref(), p.from.as_deref(), p.to.as_deref())?;
+    let resolved = window(
+        &app,
+        p.interval.as_deref(),
+        p.from.as_deref(),
+        p.to.as_deref(),
+    )?;
     let query = TopQuery {
         entity,
         action,
@@ -299,7 +300,12 @@ pub async fn top_averages(
     QueryParams(p): QueryParams<TopAveragesParams>,
 ) -> Result<Json<TopAveragesJson>, ApiError> {
     let (entity, action) = path.validated()?;
-    let resolved = window(p.interval.as_deref(), p.from.as_deref(), p.to.as_deref())?;
+    let resolved = window(
+        &app,
+        p.interval.as_deref(),
+        p.from.as_deref(),
+        p.to.as_deref(),
+    )?;
     let query = TopAveragesQuery {
         entity,
         action,

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::extract::QueryParams;
 use super::queries::positive;
+use super::AppState;
 use crate::domain::{decode_doc_id, format_ms, validate_name, Counter, CounterKey};
 use crate::error::ApiError;
 use crate::store::StaleQuery;
@@ -23,9 +24,9 @@ const MAX_PAGE: i64 = 1000;
 /// Response header carrying the next page's cursor (for CSV, which has no envelope).
 const NEXT_CURSOR: &str = "x-next-cursor";
 
-/// The cut-off: `days` × 24 h before now.
-fn before_ms(days: i64) -> i64 {
-    chrono::Utc::now().timestamp_millis() - days * 86_400_000
+/// The cut-off: `days` × 24 h before the app's now.
+fn before_ms(app: &AppState, days: i64) -> i64 {
+    app.clock.now_ms() - days * 86_400_000
 }
 
 /// A cursor is the last row of a page, `(recorded_ms, doc id)`, hex-encoded
@@ -111,7 +112,7 @@ pub async fn stale(
     let query = StaleQuery {
         entity: name("entity", p.entity)?,
         action: name("action", p.action)?,
-        before_ms: before_ms(days),
+        before_ms: before_ms(&app, days),
         after,
         // One more than a page tells whether another page follows.
         limit: size + 1,
@@ -218,7 +219,7 @@ pub async fn unused(
     QueryParams(p): QueryParams<UnusedParams>,
 ) -> Result<Json<UnusedJson>, ApiError> {
     let days = positive("days", p.days.as_deref(), DEFAULT_DAYS, MAX_DAYS)?;
-    let before = before_ms(days);
+    let before = before_ms(&app, days);
     let pairs = app.store.unused(before).await?;
     Ok(Json(UnusedJson {
         days,

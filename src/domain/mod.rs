@@ -2,6 +2,7 @@
 //! increment means, independent of HTTP and of any store.
 
 mod average;
+mod clock;
 mod counter;
 mod event;
 mod key;
@@ -9,6 +10,7 @@ mod time;
 mod window;
 
 pub use average::SampleSpec;
+pub use clock::{Clock, ManualClock};
 pub use counter::{format_ms, Counter};
 pub use event::{Increment, IncrementSpec, Kind};
 pub use key::{decode_doc_id, validate_name, CounterKey, MAX_DOC_ID_BYTES, MAX_NAME_BYTES};

@@ -132,7 +132,14 @@ pub fn coalesce<'a>(incs: impl IntoIterator<Item = &'a Increment>) -> Coalesced 
 mod tests {
     use super::*;
     use crate::domain::{IncrementSpec, TimePolicy};
-    use chrono::Utc;
+    use chrono::{DateTime, Utc};
+
+    /// One instant for every event of a test, so no test depends on when it
+    /// runs (two reads of the wall clock may straddle midnight); a day's
+    /// last tenth of a second, to show nothing leans on it being mid-day.
+    fn now() -> DateTime<Utc> {
+        "2028-02-29T23:59:59.900Z".parse().unwrap()
+    }
 
     fn inc(uuid: &str, count: i64, ts: Option<&str>, category: Option<&str>) -> Increment {
         let spec = IncrementSpec {
@@ -144,12 +151,12 @@ mod tests {
             category,
             ..Default::default()
         };
-        Increment::from_spec(&spec, &TimePolicy::default(), Utc::now()).unwrap()
+        Increment::from_spec(&spec, &TimePolicy::default(), now()).unwrap()
     }
 
     #[test]
     fn sums_per_key_and_per_day() {
-        let yesterday = (Utc::now() - chrono::Duration::days(1)).to_rfc3339();
+        let yesterday = (now() - chrono::Duration::days(1)).to_rfc3339();
         let events = [
             inc("a", 1, None, None),
             inc("b", 5, None, Some("news")),
@@ -181,7 +188,7 @@ mod tests {
                 retract,
                 ..Default::default()
             };
-            Increment::sample(&spec, &TimePolicy::default(), Utc::now()).unwrap()
+            Increment::sample(&spec, &TimePolicy::default(), now()).unwrap()
         };
         let events = [
             inc("a", 1, None, None),

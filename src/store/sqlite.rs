@@ -17,7 +17,7 @@ use super::{
     Average, BatchOutcome, Bucket, RequestOutcome, StaleQuery, Store, StoreError, TopAverages,
     TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
 };
-use crate::domain::{Counter, CounterKey, Increment, Window};
+use crate::domain::{Clock, Counter, CounterKey, Increment, Window};
 use crate::pipeline::{Coalesced, KeyDelta};
 
 /// How hard a commit insists on reaching the disk.
@@ -102,16 +102,42 @@ pub struct SqliteStore {
     id_window_ms: i64,
     /// The write-ahead log, fsync'd by [`Store::sync`]; `None` when relaxed.
     wal: Option<Arc<std::fs::File>>,
-    /// The UTC day the named windows end on: the clock's, unless pinned by
-    /// [`SqliteStore::set_today`] (tests of the day roll).
-    today: Arc<AtomicI64>,
-    /// When the last flush committed (ms): the background roll-up yields to
-    /// a busy write path.
-    last_write_ms: Arc<AtomicI64>,
+    /// Gives the UTC day the named windows end on and the time idempotency
+    /// ids are claimed at.
+    clock: Clock,
+    /// When the last flush committed: the background roll-up yields to a
+    /// busy write path.
+    last_write: Arc<Idle>,
 }
 
-/// No day pinned: [`SqliteStore::today`] reads the clock.
-const CLOCK: i64 = i64::MIN;
+/// Milliseconds since the store opened at which the last flush committed.
+/// Monotonic on purpose: it schedules work and is not a calendar time, so a
+/// wall clock stepping back must not make the store look busy for hours.
+struct Idle {
+    opened: std::time::Instant,
+    last_write_ms: AtomicI64,
+}
+
+impl Idle {
+    fn new() -> Idle {
+        Idle {
+            opened: std::time::Instant::now(),
+            last_write_ms: AtomicI64::new(i64::MIN / 2),
+        }
+    }
+
+    fn now_ms(&self) -> i64 {
+        i64::try_from(self.opened.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    fn wrote(&self) {
+        self.last_write_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    fn quiet_for_ms(&self) -> i64 {
+        self.now_ms() - self.last_write_ms.load(Ordering::Relaxed)
+    }
+}
 
 /// How often the background roll-up runs, and how long it may hold the
 /// writer each time: flushes wait at most this long, and a windowed query
@@ -127,24 +153,9 @@ const ROLLUP_QUIET_MS: i64 = 1_000;
 /// anyway so that the log stays bounded.
 const ROLLUP_MAX_BACKLOG: i64 = 1_000_000;
 
-fn utc_today() -> i64 {
-    crate::domain::day_of(chrono::Utc::now())
-}
-
-fn today_of(pinned: &AtomicI64) -> i64 {
-    match pinned.load(Ordering::Relaxed) {
-        CLOCK => utc_today(),
-        day => day,
-    }
-}
-
 /// Folds the change log into the window totals in the background until the
 /// store is dropped (the writer then has no other owner).
-fn spawn_rollup(
-    writer: std::sync::Weak<Mutex<Connection>>,
-    today: Arc<AtomicI64>,
-    last_write_ms: Arc<AtomicI64>,
-) {
+fn spawn_rollup(writer: std::sync::Weak<Mutex<Connection>>, clock: Clock, idle: Arc<Idle>) {
     let spawned = std::thread::Builder::new()
         .name("window-rollup".into())
         .spawn(move || loop {
@@ -153,13 +164,11 @@ fn spawn_rollup(
                 return;
             };
             let Ok(mut conn) = writer.lock() else { return };
-            let busy = chrono::Utc::now().timestamp_millis()
-                - last_write_ms.load(Ordering::Relaxed)
-                < ROLLUP_QUIET_MS;
+            let busy = idle.quiet_for_ms() < ROLLUP_QUIET_MS;
             if busy && rollup::backlog(&conn).unwrap_or(0) < ROLLUP_MAX_BACKLOG {
                 continue;
             }
-            if let Err(e) = rollup::run_for(&mut conn, today_of(&today), ROLLUP_BUDGET) {
+            if let Err(e) = rollup::run_for(&mut conn, clock.today(), ROLLUP_BUDGET) {
                 tracing::warn!("window roll-up step failed (queries catch up themselves): {e}");
             }
         });
@@ -175,16 +184,12 @@ const QUERY_MAX_STEPS: usize = 3;
 const MAX_IDLE_READERS: usize = 8;
 
 impl SqliteStore {
-    /// The UTC day the named windows (`last_day` ... `last_year`) end on.
+    /// The UTC day the named windows (`last_day` ... `last_year`) end on:
+    /// the clock's. When the clock moves to another day, the kept totals
+    /// roll to it (forwards in steps; backwards not at all: windowed lists
+    /// ending on a day before the totals' anchor are summed from buckets).
     pub fn today(&self) -> i64 {
-        today_of(&self.today)
-    }
-
-    /// Pins the UTC day the named windows end on (`None`: the clock again), so
-    /// tests can cross midnight without waiting for it. Windowed top lists
-    /// whose last day is not this day are summed from buckets instead.
-    pub fn set_today(&self, day: Option<i64>) {
-        self.today.store(day.unwrap_or(CLOCK), Ordering::Relaxed);
+        self.clock.today()
     }
 
     /// Folds the whole change log and rolls every window to today, however
@@ -204,11 +209,13 @@ impl SqliteStore {
         }
     }
 
-    /// Opens (creating if needed) the database in `data_dir`.
+    /// Opens (creating if needed) the database in `data_dir`; `clock` is the
+    /// store's only source of the date and time.
     pub fn open(
         data_dir: &Path,
         durability: Durability,
         id_window: std::time::Duration,
+        clock: Clock,
     ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|e| {
             StoreError::Internal(format!(
@@ -248,7 +255,7 @@ impl SqliteStore {
         conn.execute_batch(SCHEMA).map_err(internal)?;
         conn.execute_batch(queries::SCHEMA_V2).map_err(internal)?;
         conn.execute_batch(rollup::SCHEMA_V3).map_err(internal)?;
-        rollup::backfill(&mut conn, utc_today())?;
+        rollup::backfill(&mut conn, clock.today())?;
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
             .map_err(internal)?;
         let wal = match durability {
@@ -256,16 +263,11 @@ impl SqliteStore {
             Durability::Relaxed => None,
         };
         let writer = Arc::new(Mutex::new(conn));
-        let today = Arc::new(AtomicI64::new(CLOCK));
-        let last_write_ms = Arc::new(AtomicI64::new(0));
-        spawn_rollup(
-            Arc::downgrade(&writer),
-            today.clone(),
-            last_write_ms.clone(),
-        );
+        let last_write = Arc::new(Idle::new());
+        spawn_rollup(Arc::downgrade(&writer), clock.clone(), last_write.clone());
         Ok(SqliteStore {
-            today,
-            last_write_ms,
+            clock,
+            last_write,
             path,
             writer,
             readers: Arc::new(Mutex::new(Vec::new())),
@@ -431,18 +433,32 @@ fn write_coalesced(
 }
 
 /// Claims the idempotency ids of `events`; returns which events were already
-/// counted (by this batch or an earlier one).
-fn claim_ids(tx: &Connection, events: &[Increment], now_ms: i64) -> Result<Vec<bool>, StoreError> {
+/// counted (by this batch or an earlier one) inside the id window. An id
+/// seen before the window is claimed afresh whether or not its row has been
+/// deleted yet, so the window is exact however late the clean-up runs.
+fn claim_ids(
+    tx: &Connection,
+    events: &[Increment],
+    now_ms: i64,
+    id_window_ms: i64,
+) -> Result<Vec<bool>, StoreError> {
     let mut dup = vec![false; events.len()];
     if events.iter().all(|e| e.id.is_none()) {
         return Ok(dup);
     }
     let mut claim = tx
-        .prepare_cached("INSERT OR IGNORE INTO event_ids (id, seen_ms) VALUES (?1, ?2)")
+        .prepare_cached(
+            "INSERT INTO event_ids (id, seen_ms) VALUES (?1, ?2)
+             ON CONFLICT (id) DO UPDATE SET seen_ms = excluded.seen_ms WHERE seen_ms < ?3",
+        )
         .map_err(internal)?;
+    let expired_before = now_ms.saturating_sub(id_window_ms);
     for (i, e) in events.iter().enumerate() {
         if let Some(id) = &e.id {
-            dup[i] = claim.execute(params![&**id, now_ms]).map_err(internal)? == 0;
+            let claimed = claim
+                .execute(params![&**id, now_ms, expired_before])
+                .map_err(internal)?;
+            dup[i] = claimed == 0;
         }
     }
     Ok(dup)
@@ -466,6 +482,7 @@ fn apply_coalesced(
     conn: &mut Connection,
     batch: &WriteBatch,
     now_ms: i64,
+    id_window_ms: i64,
 ) -> Result<Option<BatchOutcome>, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -473,7 +490,7 @@ fn apply_coalesced(
     let mut out = BatchOutcome::default();
     let mut all = Coalesced::default();
     for events in &batch.requests {
-        let dup = claim_ids(&tx, events, now_ms)?;
+        let dup = claim_ids(&tx, events, now_ms, id_window_ms)?;
         let duplicates = coalesce_fresh(events, &dup, &mut all);
         out.requests.push(RequestOutcome::Applied { duplicates });
     }
@@ -491,6 +508,7 @@ fn apply_one_by_one(
     conn: &mut Connection,
     batch: &WriteBatch,
     now_ms: i64,
+    id_window_ms: i64,
 ) -> Result<BatchOutcome, StoreError> {
     let mut tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -498,7 +516,7 @@ fn apply_one_by_one(
     let mut out = BatchOutcome::default();
     for events in &batch.requests {
         let sp = tx.savepoint().map_err(internal)?;
-        let dup = claim_ids(&sp, events, now_ms)?;
+        let dup = claim_ids(&sp, events, now_ms, id_window_ms)?;
         let mut mine = Coalesced::default();
         let duplicates = coalesce_fresh(events, &dup, &mut mine);
         let mut counters = HashMap::new();
@@ -532,14 +550,14 @@ fn read_counter(row: &rusqlite::Row<'_>, key: CounterKey) -> rusqlite::Result<Co
 impl Store for SqliteStore {
     async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
         let id_window_ms = self.id_window_ms;
-        let last_write_ms = self.last_write_ms.clone();
+        let last_write = self.last_write.clone();
+        let now_ms = self.clock.now_ms();
         self.with_writer(move |conn| {
-            let now_ms = chrono::Utc::now().timestamp_millis();
-            let out = match apply_coalesced(conn, &batch, now_ms)? {
+            let out = match apply_coalesced(conn, &batch, now_ms, id_window_ms)? {
                 Some(out) => out,
-                None => apply_one_by_one(conn, &batch, now_ms)?,
+                None => apply_one_by_one(conn, &batch, now_ms, id_window_ms)?,
             };
-            last_write_ms.store(now_ms, Ordering::Relaxed);
+            last_write.wrote();
             // Forget old idempotency ids now and then; cheap thanks to the index.
             if now_ms % 64 == 0 {
                 conn.prepare_cached("DELETE FROM event_ids WHERE seen_ms < ?1")

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use counter_gateway::auth::Keys;
-use counter_gateway::domain::TimePolicy;
+use counter_gateway::domain::{ManualClock, TimePolicy};
 use counter_gateway::metrics::Metrics;
 use counter_gateway::pipeline::PipelineConfig;
 use counter_gateway::ratelimit::RateLimiter;
 use counter_gateway::store::sqlite::{Durability, SqliteStore};
 use counter_gateway::store::Store;
-use counter_gateway::tenant::Tenants;
+use counter_gateway::tenant::{Shared, Tenants};
 use counter_gateway::{gateway_router, AppState, Gateway, Limits};
 use serde_json::Value;
 use tempfile::TempDir;
@@ -37,6 +37,8 @@ pub struct Options {
     pub request_timeout: Option<Duration>,
     pub cors_origins: Vec<String>,
     pub max_tenants: usize,
+    /// The app's clock: it stands at [`test_now`] until a test moves it.
+    pub clock: ManualClock,
 }
 
 /// Body limit of the test apps.
@@ -58,6 +60,7 @@ impl Default for Options {
             request_timeout: None,
             cors_origins: Vec::new(),
             max_tenants: 100,
+            clock: ManualClock::new(test_now()),
         }
     }
 }
@@ -129,6 +132,7 @@ impl TestApp {
                 dir.path(),
                 Durability::Full,
                 Duration::from_secs(7 * 86_400),
+                options.clock.clock(),
             )
             .expect("open store"),
         ));
@@ -137,13 +141,17 @@ impl TestApp {
         let tenants = Arc::new(Tenants::start(
             store,
             options.pipeline.clone(),
-            options.time_policy,
-            options.limits,
-            metrics.clone(),
+            Shared {
+                time_policy: options.time_policy,
+                clock: options.clock.clock(),
+                limits: options.limits,
+                metrics: metrics.clone(),
+            },
             Some(counter_gateway::tenant::embedded(
                 dir.path(),
                 Durability::Full,
                 window,
+                options.clock.clock(),
             )),
             options.max_tenants,
         ));
@@ -382,8 +390,25 @@ pub fn rendered(ts: chrono::DateTime<chrono::Utc>) -> String {
     ts.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// Now, truncated to whole seconds.
+/// The instant every test app's clock starts at, in whole seconds (as
+/// clients send timestamps), the same for the whole test binary:
+/// `COUNTER_GATEWAY_TEST_NOW` (RFC 3339) when set, so the gate can run the
+/// suites at chosen dates (a month's last day, 31 December, 29 February, a
+/// second before midnight), else the wall clock when the binary started.
+/// A test compares the server's answers with this instant, never with a
+/// fresh read of the wall clock, so it passes on any date and across midnight.
+pub fn test_now() -> chrono::DateTime<chrono::Utc> {
+    static NOW: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let secs = *NOW.get_or_init(|| match std::env::var("COUNTER_GATEWAY_TEST_NOW") {
+        Ok(raw) => chrono::DateTime::parse_from_rfc3339(&raw)
+            .unwrap_or_else(|e| panic!("COUNTER_GATEWAY_TEST_NOW={raw:?}: {e}"))
+            .timestamp(),
+        Err(_) => chrono::Utc::now().timestamp(),
+    });
+    chrono::DateTime::from_timestamp(secs, 0).expect("a representable test time")
+}
+
+/// The test apps' now (see [`test_now`]).
 pub fn now_secs() -> chrono::DateTime<chrono::Utc> {
-    let now = chrono::Utc::now().timestamp();
-    chrono::DateTime::from_timestamp(now, 0).expect("now")
+    test_now()
 }

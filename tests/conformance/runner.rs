@@ -12,11 +12,14 @@
 //!   elements, numbers compare by value), `csv` (rows of cells), `headers`.
 //! - Special strings in expectations: `"$any"`, `"$absent"` (object key or
 //!   header must be missing), `"$present"`, `"$contains:<text>"`.
-//! - Time, relative to a "now" pinned per scenario: `{day:-3d}` becomes the
-//!   UTC day 3 days ago (`2026-11-27`), `{ts:-3d}` that instant in RFC 3339
-//!   (milliseconds, `Z`), and a request body field `"timestamp": "-3d"` that
-//!   instant too; offsets are `[+-]N` then `d`, `h`, `m` or `s`. `{var:name}`
-//!   is a saved variable.
+//! - Time, relative to the clock the target's server reads (one manual
+//!   clock, standing still unless a step moves it): `{day:-3d}` becomes the
+//!   UTC day 3 days before it (`2026-11-27`), `{ts:-3d}` that instant in RFC
+//!   3339 (milliseconds, `Z`), and a request body field `"timestamp": "-3d"`
+//!   that instant too; offsets are `[+-]N` then `d`, `h`, `m` or `s`.
+//!   `{var:name}` is a saved variable.
+//! - A step `{"clock": "+1d"}` moves that clock (forwards or back) between
+//!   two requests: a day change, or an NTP step back, while the server runs.
 //!
 //! Use it from a test file with `#[path = "conformance/runner.rs"] mod runner;`.
 
@@ -30,6 +33,7 @@ use axum::body::Body;
 use axum::http::{Method, Request};
 use axum::Router;
 use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use counter_gateway::domain::ManualClock;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -38,6 +42,8 @@ use tower::ServiceExt;
 /// as it (a temporary directory, the flusher task, an index prefix).
 pub struct Target {
     pub router: Router,
+    /// The clock the router's server reads; the scenario's "now".
+    pub clock: ManualClock,
     pub guard: Box<dyn std::any::Any + Send>,
 }
 
@@ -56,9 +62,12 @@ pub fn scenario_files() -> Vec<PathBuf> {
 /// Plays every scenario, each on a fresh target from `make`, and panics with
 /// every failure found (not only the first). `CONFORMANCE_FILTER` limits the
 /// run to scenarios whose file name contains it.
-pub async fn run_all<F, Fut>(mut make: F)
+///
+/// Every target starts its clock at `start`: the gate runs the scenarios at
+/// several dates (see `scripts/test.sh`).
+pub async fn run_all<F, Fut>(start: DateTime<Utc>, mut make: F)
 where
-    F: FnMut() -> Fut,
+    F: FnMut(ManualClock) -> Fut,
     Fut: Future<Output = Target>,
 {
     let filter = std::env::var("CONFORMANCE_FILTER").unwrap_or_default();
@@ -72,9 +81,9 @@ where
         let text = std::fs::read_to_string(&file).unwrap();
         let scenario: Value =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}: not JSON: {e}"));
-        let target = make().await;
+        let target = make(ManualClock::new(start)).await;
         ran += 1;
-        if let Err(e) = run_scenario(&target.router, &scenario).await {
+        if let Err(e) = run_scenario(&target.router, &target.clock, &scenario).await {
             failures.push(format!("{name}: {e}"));
         }
         drop(target);
@@ -89,8 +98,11 @@ where
 }
 
 /// Plays one scenario; the error names the step and what differed.
-pub async fn run_scenario(router: &Router, scenario: &Value) -> Result<(), String> {
-    let now = Utc::now();
+pub async fn run_scenario(
+    router: &Router,
+    clock: &ManualClock,
+    scenario: &Value,
+) -> Result<(), String> {
     let mut vars = HashMap::new();
     let steps = scenario["steps"].as_array().ok_or("no steps")?;
     for (i, step) in steps.iter().enumerate() {
@@ -99,9 +111,15 @@ pub async fn run_scenario(router: &Router, scenario: &Value) -> Result<(), Strin
             .and_then(Value::as_str)
             .map(|n| format!(" ({n})"))
             .unwrap_or_default();
-        run_step(router, step, now, &mut vars)
-            .await
-            .map_err(|e| format!("step {i}{what}: {e}"))?;
+        let result = match step.get("clock") {
+            Some(by) => by
+                .as_str()
+                .and_then(offset)
+                .map(|by| clock.advance(by))
+                .ok_or_else(|| format!("bad clock step {by}")),
+            None => run_step(router, step, clock.now(), &mut vars).await,
+        };
+        result.map_err(|e| format!("step {i}{what}: {e}"))?;
     }
     Ok(())
 }

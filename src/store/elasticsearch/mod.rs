@@ -76,7 +76,7 @@ use super::{
     Average, AverageEntry, BatchOutcome, Bucket, RequestOutcome, StaleQuery, Store, StoreError,
     TopAverages, TopAveragesQuery, TopEntry, TopList, TopQuery, UnusedPair, WriteBatch,
 };
-use crate::domain::{Counter, CounterKey, Increment, Window};
+use crate::domain::{Clock, Counter, CounterKey, Increment, Window};
 
 pub use self::config::{ElasticsearchArgs, SetupArgs};
 
@@ -84,6 +84,7 @@ pub use self::config::{ElasticsearchArgs, SetupArgs};
 pub struct ElasticsearchStore {
     client: Elasticsearch,
     config: EsConfig,
+    clock: Clock,
     jitter: Jitter,
 }
 
@@ -107,8 +108,9 @@ pub struct SetupReport {
 }
 
 impl ElasticsearchStore {
-    /// Builds the client; no I/O.
-    pub fn new(config: EsConfig) -> Result<Self, StoreError> {
+    /// Builds the client; no I/O. `clock` gives the time idempotency ids are
+    /// remembered from.
+    pub fn new(config: EsConfig, clock: Clock) -> Result<Self, StoreError> {
         let url = Url::parse(&config.url)
             .map_err(|e| StoreError::Internal(format!("bad Elasticsearch URL: {e}")))?;
         let mut builder = TransportBuilder::new(SingleNodeConnectionPool::new(url))
@@ -126,13 +128,14 @@ impl ElasticsearchStore {
         Ok(ElasticsearchStore {
             client: Elasticsearch::new(transport),
             config,
+            clock,
             jitter: Jitter::from_clock(),
         })
     }
 
     /// Builds the client and, when asked, installs templates and scripts.
-    pub async fn open(config: EsConfig, run_setup: bool) -> Result<Self, StoreError> {
-        let store = ElasticsearchStore::new(config)?;
+    pub async fn open(config: EsConfig, clock: Clock, run_setup: bool) -> Result<Self, StoreError> {
+        let store = ElasticsearchStore::new(config, clock)?;
         if run_setup {
             let report = store.setup().await?;
             tracing::info!(
@@ -159,6 +162,7 @@ impl ElasticsearchStore {
         Ok(ElasticsearchStore {
             client: self.client.clone(),
             config,
+            clock: self.clock.clone(),
             jitter: Jitter::from_clock(),
         })
     }
@@ -597,7 +601,7 @@ fn counters_after(plan: &Plan, results: &[ItemResult], into: &mut HashMap<Counte
 #[async_trait]
 impl Store for ElasticsearchStore {
     async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
-        let settings = self.settings(chrono::Utc::now().timestamp_millis());
+        let settings = self.settings(self.clock.now_ms());
         let requests: Vec<&[Increment]> = batch.requests.iter().map(Vec::as_slice).collect();
         let mut out = BatchOutcome::default();
         if let Ok(plan) = request::plan(&requests) {

@@ -441,8 +441,8 @@ pub(super) fn forget(tx: &Connection, cid: i64) -> Result<(), StoreError> {
 mod tests {
     use super::*;
 
-    /// 2026-11-30.
-    const T: i64 = 20_787;
+    /// The day the test starts on: any day will do, the store is told it.
+    const DAY: i64 = 21_974; // 2030-03-01
 
     fn db() -> Connection {
         let c = Connection::open_in_memory().unwrap();
@@ -500,26 +500,26 @@ mod tests {
         let n = 2 * QUERY_STEP_ROWS as i64 + 500;
         for cid in 1..=n {
             counter(&c, cid);
-            bump(&c, cid, T - 6, 1);
+            bump(&c, cid, DAY - 6, 1);
             if cid % 3 == 0 {
-                bump(&c, cid, T - 2, 10);
+                bump(&c, cid, DAY - 2, 10);
             }
         }
-        backfill(&mut c, T).unwrap();
+        backfill(&mut c, DAY).unwrap();
         assert_eq!(totals(&c, 7).len() as i64, n);
         while week_cursor(&c) == 0 {
-            step(&mut c, T + 1, QUERY_STEP_ROWS).unwrap();
+            step(&mut c, DAY + 1, QUERY_STEP_ROWS).unwrap();
         }
         let cursor = week_cursor(&c);
         assert!(cursor > 1 && cursor < n, "{cursor}");
         counter(&c, n + 1);
         for cid in [cursor - 1, cursor, cursor + 1, n + 1] {
-            bump(&c, cid, T - 6, 100);
-            bump(&c, cid, T + 1, 1000);
-            bump(&c, cid, T - 3, 7);
+            bump(&c, cid, DAY - 6, 100);
+            bump(&c, cid, DAY + 1, 1000);
+            bump(&c, cid, DAY - 3, 7);
         }
         loop {
-            let p = step(&mut c, T + 1, QUERY_STEP_ROWS).unwrap();
+            let p = step(&mut c, DAY + 1, QUERY_STEP_ROWS).unwrap();
             if p.pending_from.is_none() && p.rolled {
                 break;
             }
@@ -527,7 +527,7 @@ mod tests {
         for len in lengths() {
             let got = totals(&c, len);
             let tx = c.transaction().unwrap();
-            rebuild(&tx, len, T + 1).unwrap();
+            rebuild(&tx, len, DAY + 1).unwrap();
             let want = totals(&tx, len);
             drop(tx);
             assert_eq!(got.len(), want.len(), "window {len}");
