@@ -1,0 +1,375 @@
+//! The read path: realtime gets by id, and searches and aggregations (which
+//! see writes after the refresh interval). Query bodies and answer parsers
+//! are pure functions in [`super::query`], which also says what is exact.
+
+use std::time::Duration;
+
+use elasticsearch::http::headers::HeaderMap;
+use elasticsearch::http::Method;
+use serde_json::Value;
+
+use super::client::{search_routing, status_error};
+use super::query::{self, CategoryFilter};
+use super::{request, response, ElasticsearchStore};
+use crate::domain::{Counter, CounterKey, Window};
+use crate::store::{
+    Average, AverageEntry, Bucket, StaleQuery, StoreError, TopAverages, TopAveragesQuery, TopEntry,
+    TopList, TopQuery, UnusedPair,
+};
+
+impl ElasticsearchStore {
+    pub(super) async fn get_counter(
+        &self,
+        key: &CounterKey,
+    ) -> Result<Option<Counter>, StoreError> {
+        let path = format!(
+            "/{}/_doc/{}",
+            self.config.names.counters(),
+            request::encode_path_segment(&key.doc_id())
+        );
+        let fields = request::COUNTER_FIELDS[..7].join(",");
+        let (status, body) = self
+            .call(Method::Get, &path, &[("_source_includes", &fields)], None)
+            .await?;
+        response::counter_from_get(status, &body).map_err(|e| status_error(status, e))
+    }
+
+    pub(super) async fn target_counters(
+        &self,
+        entity: &str,
+        uuid: &str,
+    ) -> Result<Vec<Counter>, StoreError> {
+        let path = format!("/{}/_search", self.config.names.counters());
+        let body = serde_json::to_vec(&request::target_query(entity, uuid))
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        let (status, answer) = self
+            .call(
+                Method::Post,
+                &path,
+                &[("ignore_unavailable", "true")],
+                Some(body),
+            )
+            .await?;
+        if status != 200 {
+            return Err(status_error(
+                status,
+                format!(
+                    "search answered {status} {}",
+                    response::describe_error(answer.get("error"))
+                ),
+            ));
+        }
+        response::counters_from_search(&answer).map_err(StoreError::Internal)
+    }
+
+    pub(super) async fn check_ready(&self) -> Result<(), StoreError> {
+        let res = self
+            .client
+            .send::<(), ()>(
+                Method::Get,
+                "/",
+                HeaderMap::new(),
+                None,
+                None,
+                Some(Duration::from_secs(2)),
+            )
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("elasticsearch unreachable: {e}")))?;
+        let status = res.status_code().as_u16();
+        if (200..300).contains(&status) {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable(format!(
+                "elasticsearch answered {status}"
+            )))
+        }
+    }
+
+    pub(super) async fn read_histogram(
+        &self,
+        key: &CounterKey,
+        window: Window,
+    ) -> Result<Option<Vec<Bucket>>, StoreError> {
+        if self.get_counter(key).await?.is_none() {
+            return Ok(None);
+        }
+        let answer = self.window_buckets(key, window, false).await?;
+        query::buckets_from_search(&answer)
+            .map(Some)
+            .map_err(StoreError::Internal)
+    }
+
+    pub(super) async fn read_top(&self, q: &TopQuery) -> Result<TopList, StoreError> {
+        let counters = self.config.names.counters();
+        let Some(window) = q.window else {
+            let answer = self
+                .search(
+                    &format!("/{counters}/_search"),
+                    &[],
+                    &query::top_all_time_query(q),
+                )
+                .await?;
+            let entries = query::top_from_search(&answer).map_err(StoreError::Internal)?;
+            return Ok(TopList {
+                entries,
+                exact: true,
+            });
+        };
+        let cat = self
+            .category_filter(&counters, &q.entity, &q.action, q.category.as_deref())
+            .await?;
+        if cat == CategoryFilter::Uuids(Vec::new()) {
+            return Ok(TopList {
+                entries: Vec::new(),
+                exact: true,
+            });
+        }
+        let indices = self.config.names.window_buckets(window, false);
+        let one_month = indices.months == 1;
+        let answer = self
+            .search(
+                &format!("/{}/_search", indices.path),
+                &[],
+                &query::top_window_query(q, window, &cat, one_month),
+            )
+            .await?;
+        let top = query::window_top_from_aggs(&answer).map_err(StoreError::Internal)?;
+        let exact = top.exact(one_month, &cat);
+        let picked: Vec<&(String, i64)> = top.entries.iter().take(q.size).collect();
+        let uuids: Vec<&str> = picked.iter().map(|(u, _)| u.as_str()).collect();
+        let categories = self
+            .categories(&counters, &q.entity, &q.action, &uuids)
+            .await?;
+        // A counter whose document is gone (deleted while its buckets were
+        // being removed) is left out, as the embedded store's join does.
+        let entries = picked
+            .into_iter()
+            .filter_map(|(uuid, value)| {
+                let category = categories.get(uuid)?;
+                Some(TopEntry {
+                    uuid: uuid.clone(),
+                    value: *value,
+                    category: category.as_str().map(str::to_string),
+                })
+            })
+            .collect();
+        Ok(TopList { entries, exact })
+    }
+
+    pub(super) async fn read_stale(&self, q: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
+        let answer = self
+            .search(
+                &format!("/{}/_search", self.config.names.counters()),
+                &[],
+                &query::stale_query(q),
+            )
+            .await?;
+        query::stale_from_search(&answer).map_err(StoreError::Internal)
+    }
+
+    pub(super) async fn read_unused(&self, before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
+        let path = format!("/{}/_search", self.config.names.counters());
+        let mut pairs = Vec::new();
+        let mut after: Option<Value> = None;
+        loop {
+            let answer = self
+                .search(&path, &[], &query::unused_query(after.as_ref()))
+                .await?;
+            let (buckets, next) =
+                query::composite_page(&answer, "pairs").map_err(StoreError::Internal)?;
+            pairs.extend(query::unused_page(buckets, before_ms).map_err(StoreError::Internal)?);
+            match next {
+                Some(n) if after.as_ref() != Some(n) => after = Some(n.clone()),
+                _ => break,
+            }
+        }
+        query::sort_unused(&mut pairs);
+        Ok(pairs)
+    }
+
+    pub(super) async fn read_average(
+        &self,
+        key: &CounterKey,
+        window: Option<Window>,
+    ) -> Result<Option<Average>, StoreError> {
+        let path = format!(
+            "/{}/_doc/{}",
+            self.config.names.averages(),
+            request::encode_path_segment(&key.doc_id())
+        );
+        let fields = request::AVERAGE_FIELDS[..8].join(",");
+        let (status, body) = self
+            .call(Method::Get, &path, &[("_source_includes", &fields)], None)
+            .await?;
+        let avg =
+            query::average_from_get(key, status, &body).map_err(|e| status_error(status, e))?;
+        let (Some(mut avg), Some(w)) = (avg.clone(), window) else {
+            return Ok(avg);
+        };
+        let answer = self.window_buckets(key, w, true).await?;
+        let (sum, quantity) =
+            query::average_window_from_search(&answer).map_err(StoreError::Internal)?;
+        avg.sum = sum;
+        avg.quantity = quantity;
+        Ok(Some(avg))
+    }
+
+    pub(super) async fn read_top_averages(
+        &self,
+        q: &TopAveragesQuery,
+    ) -> Result<TopAverages, StoreError> {
+        let averages = self.config.names.averages();
+        let Some(window) = q.window else {
+            let answer = self
+                .search(
+                    &format!("/{averages}/_search"),
+                    &[],
+                    &query::top_averages_all_time_query(q),
+                )
+                .await?;
+            let entries = query::top_averages_from_search(&answer).map_err(StoreError::Internal)?;
+            return Ok(TopAverages {
+                entries,
+                exact: true,
+            });
+        };
+        let cat = self
+            .category_filter(&averages, &q.entity, &q.action, q.category.as_deref())
+            .await?;
+        let mut exact = !matches!(cat, CategoryFilter::BucketCategory(_));
+        if cat == CategoryFilter::Uuids(Vec::new()) {
+            return Ok(TopAverages {
+                entries: Vec::new(),
+                exact,
+            });
+        }
+        let path = format!(
+            "/{}/_search",
+            self.config.names.window_buckets(window, true).path
+        );
+        // Every average of the window, kept to the best `size` as pages come
+        // in, so memory stays bounded by the page and the list.
+        let mut best: Vec<AverageEntry> = Vec::new();
+        let mut after: Option<Value> = None;
+        loop {
+            let answer = self
+                .search(
+                    &path,
+                    &[],
+                    &query::top_averages_window_query(q, window, &cat, after.as_ref()),
+                )
+                .await?;
+            let (buckets, next) =
+                query::composite_page(&answer, "averages").map_err(StoreError::Internal)?;
+            let (rows, rows_exact) = query::averages_page(buckets).map_err(StoreError::Internal)?;
+            exact &= rows_exact;
+            best.extend(
+                rows.into_iter()
+                    .filter(|(_, _, n)| *n >= q.min_quantity)
+                    .map(|(uuid, sum, quantity)| AverageEntry {
+                        uuid,
+                        sum,
+                        quantity,
+                        category: None,
+                    }),
+            );
+            if best.len() > 2 * q.size {
+                query::rank_averages(&mut best, q.size);
+            }
+            match next {
+                Some(n) if after.as_ref() != Some(n) => after = Some(n.clone()),
+                _ => break,
+            }
+        }
+        query::rank_averages(&mut best, q.size);
+        let uuids: Vec<&str> = best.iter().map(|e| e.uuid.as_str()).collect();
+        let categories = self
+            .categories(&averages, &q.entity, &q.action, &uuids)
+            .await?;
+        let entries = best
+            .into_iter()
+            .filter_map(|mut e| {
+                e.category = categories.get(&e.uuid)?.as_str().map(str::to_string);
+                Some(e)
+            })
+            .collect();
+        Ok(TopAverages { entries, exact })
+    }
+
+    /// The uuids of one category of a pair, read from `index` (counters or
+    /// averages), or the bucket-category fallback past [`query::MAX_HITS`].
+    async fn category_filter(
+        &self,
+        index: &str,
+        entity: &str,
+        action: &str,
+        category: Option<&str>,
+    ) -> Result<CategoryFilter, StoreError> {
+        let Some(category) = category else {
+            return Ok(CategoryFilter::None);
+        };
+        let answer = self
+            .search(
+                &format!("/{index}/_search"),
+                &[],
+                &query::category_uuids_query(entity, action, category),
+            )
+            .await?;
+        let (uuids, complete) = query::uuids_from_search(&answer).map_err(StoreError::Internal)?;
+        Ok(if complete {
+            CategoryFilter::Uuids(uuids)
+        } else {
+            CategoryFilter::BucketCategory(category.to_string())
+        })
+    }
+
+    /// The found documents of `index` among the documents of `uuids` of a
+    /// pair, by realtime `_mget`: `uuid -> category`.
+    async fn categories(
+        &self,
+        index: &str,
+        entity: &str,
+        action: &str,
+        uuids: &[&str],
+    ) -> Result<serde_json::Map<String, Value>, StoreError> {
+        if uuids.is_empty() {
+            return Ok(serde_json::Map::new());
+        }
+        let ids: Vec<String> = uuids
+            .iter()
+            .filter_map(|u| CounterKey::new(entity, action, u).ok())
+            .map(|k| k.doc_id())
+            .collect();
+        let answer = self
+            .post_json(
+                &format!("/{index}/_mget"),
+                &[("_source_includes", "uuid,category")],
+                &query::mget_body(&ids),
+            )
+            .await?;
+        let found = query::found_from_mget(&answer).map_err(StoreError::Internal)?;
+        Ok(query::categories_by_uuid(&found))
+    }
+
+    /// The buckets of one counter or average inside `window` (routed search).
+    async fn window_buckets(
+        &self,
+        key: &CounterKey,
+        window: Window,
+        averages: bool,
+    ) -> Result<Value, StoreError> {
+        let id = key.doc_id();
+        let indices = self.config.names.window_buckets(window, averages);
+        let fields: &[&str] = if averages {
+            &["day", "sum", "quantity"]
+        } else {
+            &["day", "value"]
+        };
+        self.search(
+            &format!("/{}/_search", indices.path),
+            &search_routing(&id),
+            &query::buckets_query(&id, window, fields),
+        )
+        .await
+    }
+}

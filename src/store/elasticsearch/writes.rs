@@ -1,0 +1,389 @@
+//! The write path: a flush planned as scripted upserts (one per counter
+//! document, one per day bucket document), sent as `_bulk`, every item's
+//! result classified, only failed retryable items resent; overflow undone
+//! and replayed request by request; deletes.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use elasticsearch::http::Method;
+use serde_json::Value;
+
+use super::client::{search_routing, status_error, TransportError};
+use super::request::{self, DocWrite, Plan, PlanOverflow, Target, WriteSettings};
+use super::response::{self, ItemClass, ItemResult};
+use super::{templates, ElasticsearchStore};
+use crate::domain::{Counter, CounterKey, Increment};
+use crate::store::{BatchOutcome, RequestOutcome, StoreError, WriteBatch};
+
+/// Most items in one `_bulk` request: a few thousand, as Elasticsearch advises;
+/// flushes with more distinct documents are sent as several requests.
+pub const MAX_BULK_ITEMS: usize = 5_000;
+
+impl ElasticsearchStore {
+    pub(super) async fn apply_batch(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        let settings = self.settings(self.clock.now_ms());
+        let requests: Vec<&[Increment]> = batch.requests.iter().map(Vec::as_slice).collect();
+        let mut out = BatchOutcome::default();
+        if let Ok(plan) = request::plan(&requests) {
+            let (results, sent) = self.send_writes(&plan.writes, &settings).await;
+            out.store_writes += sent;
+            if !results.iter().any(is_overflow) {
+                out.requests = outcomes(&plan, &results);
+                counters_after(&plan, &results, &mut out.counters);
+                return Ok(out);
+            }
+            if results
+                .iter()
+                .any(|r| matches!(r.class, ItemClass::Unknown(_)))
+            {
+                // Replaying could count the unknown items twice: undo what
+                // is known and fail the flush instead.
+                self.undo(&plan.writes, &results, &settings, &mut out.store_writes)
+                    .await;
+                out.requests = vec![
+                    RequestOutcome::Failed {
+                        reason: "an addition overflowed and some items of the flush have an unknown outcome".into()
+                    };
+                    requests.len()
+                ];
+                return Ok(out);
+            }
+            tracing::info!("a flush would overflow a counter; applying its requests one by one");
+            if !self
+                .undo(&plan.writes, &results, &settings, &mut out.store_writes)
+                .await
+            {
+                out.requests = vec![
+                    RequestOutcome::Failed {
+                        reason: "an addition overflowed and undoing the rest of the flush failed"
+                            .into()
+                    };
+                    requests.len()
+                ];
+                return Ok(out);
+            }
+        }
+        // One request at a time: exactly the overflowing ones are refused.
+        for events in &requests {
+            let outcome = match request::plan(std::slice::from_ref(events)) {
+                Err(PlanOverflow(key)) => RequestOutcome::Overflow { key },
+                Ok(plan) => {
+                    let (results, sent) = self.send_writes(&plan.writes, &settings).await;
+                    out.store_writes += sent;
+                    if let Some(w) = results.iter().position(is_overflow) {
+                        if self
+                            .undo(&plan.writes, &results, &settings, &mut out.store_writes)
+                            .await
+                        {
+                            RequestOutcome::Overflow {
+                                key: plan.writes[w].key.clone(),
+                            }
+                        } else {
+                            RequestOutcome::Failed {
+                                reason: "an addition overflowed and undoing the rest of the request failed".into(),
+                            }
+                        }
+                    } else {
+                        counters_after(&plan, &results, &mut out.counters);
+                        outcomes(&plan, &results).remove(0)
+                    }
+                }
+            };
+            out.requests.push(outcome);
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn delete_counter(&self, key: &CounterKey) -> Result<bool, StoreError> {
+        let id = key.doc_id();
+        let pattern = self.config.names.buckets_pattern();
+        let lenient = [("ignore_unavailable", "true"), ("allow_no_indices", "true")];
+        let (status, answer) = self
+            .call(
+                Method::Post,
+                &format!("/{pattern}/_refresh"),
+                &lenient,
+                None,
+            )
+            .await?;
+        if status != 200 {
+            return Err(status_error(
+                status,
+                format!(
+                    "refresh answered {status} {}",
+                    response::describe_error(answer.get("error"))
+                ),
+            ));
+        }
+        let body = serde_json::to_vec(&request::buckets_of_counter_query(&id))
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        let mut params = search_routing(&id);
+        params.extend_from_slice(&[
+            ("conflicts", "proceed"),
+            ("refresh", "true"),
+            ("ignore_unavailable", "true"),
+            ("allow_no_indices", "true"),
+        ]);
+        let (status, answer) = self
+            .call(
+                Method::Post,
+                &format!("/{pattern}/_delete_by_query"),
+                &params,
+                Some(body),
+            )
+            .await?;
+        let failures = answer
+            .get("failures")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        if status != 200 || failures > 0 {
+            return Err(status_error(
+                status,
+                format!(
+                    "deleting the buckets of {key} answered {status} with {failures} failures {}",
+                    response::describe_error(answer.get("error"))
+                ),
+            ));
+        }
+        let path = format!(
+            "/{}/_doc/{}",
+            self.config.names.counters(),
+            request::encode_path_segment(&id)
+        );
+        let (status, answer) = self.call(Method::Delete, &path, &[], None).await?;
+        match status {
+            200 => Ok(true),
+            404 => Ok(false),
+            _ => Err(status_error(
+                status,
+                format!(
+                    "delete answered {status} {}",
+                    response::describe_error(answer.get("error"))
+                ),
+            )),
+        }
+    }
+
+    fn settings(&self, now_ms: i64) -> WriteSettings {
+        let prefix = self.config.names.prefix();
+        WriteSettings {
+            counter_script: templates::counter_script_id(prefix),
+            bucket_script: templates::bucket_script_id(prefix),
+            average_script: templates::average_script_id(prefix),
+            average_bucket_script: templates::average_bucket_script_id(prefix),
+            retry_on_conflict: self.config.retry_on_conflict,
+            now_ms,
+            id_window_ms: i64::try_from(self.config.id_window.as_millis()).unwrap_or(i64::MAX),
+            max_ids: self.config.max_ids_per_doc,
+        }
+    }
+
+    /// Sends `writes` as one `_bulk`, then resends only the items that failed
+    /// retryably, with back-off, until all are settled or the budget is
+    /// spent. Returns one result per write, and the number of items sent.
+    async fn send_writes(
+        &self,
+        writes: &[DocWrite],
+        settings: &WriteSettings,
+    ) -> (Vec<ItemResult>, usize) {
+        let actions: Vec<_> = writes
+            .iter()
+            .map(|w| request::action(w, &self.config.names, settings))
+            .collect();
+        let mut results: Vec<Option<ItemResult>> = vec![None; writes.len()];
+        let mut pending: Vec<usize> = (0..writes.len()).collect();
+        let mut reasons: HashMap<usize, String> = HashMap::new();
+        let mut sent = 0;
+        let mut waited = Duration::ZERO;
+        let mut attempt = 0;
+        let settle = |results: &mut Vec<Option<ItemResult>>, i: usize, class: ItemClass| {
+            results[i] = Some(ItemResult {
+                class,
+                source: None,
+            });
+        };
+        while !pending.is_empty() {
+            let mut retry = Vec::new();
+            // One _bulk per flush, split only past MAX_BULK_ITEMS so a huge
+            // flush stays well under Elasticsearch's request size limit.
+            for chunk in pending.chunks(MAX_BULK_ITEMS) {
+                let batch: Vec<_> = chunk.iter().map(|&i| &actions[i]).collect();
+                let body = request::bulk_body(&batch, settings.retry_on_conflict);
+                sent += chunk.len();
+                let answer = self
+                    .raw_call(
+                        Method::Post,
+                        "/_bulk",
+                        &[],
+                        Some(body),
+                        Some("application/x-ndjson"),
+                    )
+                    .await;
+                match answer {
+                    Ok((200, json)) => match response::parse_bulk(&json, chunk.len()) {
+                        Ok(items) => {
+                            for (&i, item) in chunk.iter().zip(items) {
+                                match &item.class {
+                                    ItemClass::Retry(r) => {
+                                        reasons.insert(i, r.clone());
+                                        retry.push(i);
+                                    }
+                                    _ => results[i] = Some(item),
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            // Cannot tell which items were applied: resend none.
+                            for &i in chunk {
+                                settle(
+                                    &mut results,
+                                    i,
+                                    ItemClass::Unknown(format!("outcome unknown: {e}")),
+                                );
+                            }
+                        }
+                    },
+                    Ok((status, json)) => match response::classify_request(status, &json) {
+                        ItemClass::Retry(r) => {
+                            for &i in chunk {
+                                reasons.insert(i, r.clone());
+                            }
+                            retry.extend_from_slice(chunk);
+                        }
+                        other => {
+                            for &i in chunk {
+                                settle(&mut results, i, other.clone());
+                            }
+                        }
+                    },
+                    Err(TransportError {
+                        not_sent: true,
+                        message,
+                    }) => {
+                        for &i in chunk {
+                            reasons.insert(i, format!("elasticsearch unreachable: {message}"));
+                        }
+                        retry.extend_from_slice(chunk);
+                    }
+                    Err(TransportError {
+                        not_sent: false,
+                        message,
+                    }) => {
+                        for &i in chunk {
+                            settle(
+                                &mut results,
+                                i,
+                                ItemClass::Unknown(format!(
+                                    "outcome unknown, not resent (an event id makes a retry safe): {message}"
+                                )),
+                            );
+                        }
+                    }
+                }
+            }
+            pending = retry;
+            if pending.is_empty() {
+                break;
+            }
+            let delay = self.config.backoff.delay(attempt, &self.jitter);
+            if waited + delay > self.config.backoff.budget {
+                for &i in &pending {
+                    let why = reasons.remove(&i).unwrap_or_default();
+                    settle(
+                        &mut results,
+                        i,
+                        ItemClass::Retry(format!("gave up after {} attempts: {why}", attempt + 1)),
+                    );
+                }
+                break;
+            }
+            tracing::debug!(items = pending.len(), ?delay, "retrying failed bulk items");
+            tokio::time::sleep(delay).await;
+            waited += delay;
+            attempt += 1;
+        }
+        let results = results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or(ItemResult {
+                    class: ItemClass::Rejected("no answer".into()),
+                    source: None,
+                })
+            })
+            .collect();
+        (results, sent)
+    }
+
+    /// Takes back every write that succeeded. `false` if some undo failed.
+    async fn undo(
+        &self,
+        writes: &[DocWrite],
+        results: &[ItemResult],
+        settings: &WriteSettings,
+        sent: &mut usize,
+    ) -> bool {
+        let undo: Vec<DocWrite> = writes
+            .iter()
+            .zip(results)
+            .filter(|(_, r)| r.class == ItemClass::Done)
+            .map(|(w, r)| w.undo(&response::skipped_events(r.source.as_ref())))
+            .collect();
+        if undo.is_empty() {
+            return true;
+        }
+        let (res, n) = self.send_writes(&undo, settings).await;
+        *sent += n;
+        let ok = res.iter().all(|r| r.class == ItemClass::Done);
+        if !ok {
+            tracing::error!("undoing a flush after an overflow failed; some counters may hold part of a refused request");
+        }
+        ok
+    }
+}
+
+fn is_overflow(r: &ItemResult) -> bool {
+    matches!(r.class, ItemClass::Overflow(_))
+}
+
+/// The outcome of each request of `plan`, given the result of each write.
+fn outcomes(plan: &Plan, results: &[ItemResult]) -> Vec<RequestOutcome> {
+    plan.touches
+        .iter()
+        .zip(&plan.id_events)
+        .map(|(touches, ids)| {
+            let failed = touches.iter().find_map(|&w| match &results[w].class {
+                ItemClass::Done => None,
+                ItemClass::Retry(r)
+                | ItemClass::Rejected(r)
+                | ItemClass::Overflow(r)
+                | ItemClass::Unknown(r) => Some(r.clone()),
+            });
+            match failed {
+                Some(reason) => RequestOutcome::Failed { reason },
+                None => {
+                    let duplicates = ids
+                        .iter()
+                        .filter(|(w, pos)| {
+                            response::skipped_events(results[*w].source.as_ref()).contains(pos)
+                        })
+                        .count();
+                    RequestOutcome::Applied {
+                        duplicates: u32::try_from(duplicates).unwrap_or(u32::MAX),
+                    }
+                }
+            }
+        })
+        .collect()
+}
+
+/// The counters as the cluster answered them after their update.
+fn counters_after(plan: &Plan, results: &[ItemResult], into: &mut HashMap<CounterKey, Counter>) {
+    for (w, r) in plan.writes.iter().zip(results) {
+        if w.target == Target::Counter && r.class == ItemClass::Done {
+            if let Some(c) = r.source.as_ref().and_then(response::counter_from_source) {
+                into.insert(w.key.clone(), c);
+            }
+        }
+    }
+}
