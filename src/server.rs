@@ -133,7 +133,7 @@ pub async fn setup(args: SetupArgs) -> Result<(), String> {
         .ok_or("setup needs --elasticsearch-url (or COUNTER_GATEWAY_ELASTICSEARCH_URL)")?;
     let store = ElasticsearchStore::new(es, Clock::system()).map_err(|e| e.to_string())?;
     let report = store.setup().await.map_err(|e| e.to_string())?;
-    tracing::info!(installed = ?report.installed, current = ?report.current, newer = ?report.newer, "setup done");
+    tracing::info!(engine = %report.engine, installed = ?report.installed, current = ?report.current, newer = ?report.newer, "setup done");
     Ok(())
 }
 

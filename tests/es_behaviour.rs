@@ -271,7 +271,7 @@ fn index_matches(target: &str, index: &str) -> bool {
     })
 }
 
-/// A field of a document, with the two runtime fields of the unused report.
+/// A field of a document, with the two script values of the unused report.
 fn field(src: &Map<String, Value>, name: &str) -> Option<Value> {
     match name {
         "value_hi" => src.get("value")?.as_i64().map(|v| json!(v >> 32)),
@@ -333,7 +333,14 @@ fn metrics(docs: &[&Map<String, Value>], aggs: &Value) -> Map<String, Value> {
     let mut out = Map::new();
     for (name, spec) in aggs.as_object().into_iter().flatten() {
         let (kind, def) = spec.as_object().unwrap().iter().next().unwrap();
-        let f = def["field"].as_str().unwrap();
+        // A field, or one of the unused report's two inline scripts (the
+        // 32-bit halves of `value`), which the fake knows by their shape.
+        let f = match (def.get("field"), def.pointer("/script/source")) {
+            (Some(f), _) => f.as_str().unwrap(),
+            (None, Some(s)) if s.as_str().unwrap().contains(">> 32") => "value_hi",
+            (None, Some(s)) if s.as_str().unwrap().contains("& 4294967295L") => "value_lo",
+            _ => panic!("the fake does not know the metric source {def}"),
+        };
         let values: Vec<f64> = docs
             .iter()
             .filter_map(|d| field(d, f))

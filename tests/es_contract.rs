@@ -18,6 +18,13 @@ fn fixture_path(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The engine the contract fixtures describe (with ILM).
+const ES8: counter_gateway::store::elasticsearch::templates::Engine =
+    counter_gateway::store::elasticsearch::templates::Engine::Elasticsearch {
+        major: 8,
+        minor: 15,
+    };
+
 fn fixture(name: &str) -> String {
     std::fs::read_to_string(fixture_path(name))
         .unwrap_or_else(|e| panic!("cannot read tests/fixtures/es/{name}: {e}"))
@@ -174,7 +181,7 @@ fn scripts_are_called_by_id_with_params_only() {
 
 #[test]
 fn the_painless_scripts_handle_the_traps() {
-    for step in templates::steps(&names())
+    for step in templates::steps(&names(), ES8)
         .iter()
         .filter(|s| s.kind == templates::Kind::Script)
     {
@@ -207,7 +214,7 @@ fn the_painless_scripts_handle_the_traps() {
 
 #[test]
 fn setup_installs_exactly_the_expected_objects() {
-    let steps = templates::steps(&names());
+    let steps = templates::steps(&names(), ES8);
     let expected = fixture_json("setup_steps.json");
     let expected = expected.as_array().unwrap();
     assert_eq!(steps.len(), expected.len());
@@ -229,7 +236,7 @@ fn setup_installs_exactly_the_expected_objects() {
 
 #[test]
 fn mappings_are_strict_and_typed() {
-    for step in templates::steps(&names())
+    for step in templates::steps(&names(), ES8)
         .iter()
         .filter(|s| s.kind == templates::Kind::ComponentTemplate)
     {
@@ -251,7 +258,7 @@ fn mappings_are_strict_and_typed() {
         }
     }
     // No data streams: templates without a data_stream section.
-    for step in templates::steps(&names()) {
+    for step in templates::steps(&names(), ES8) {
         assert!(step.body.get("data_stream").is_none());
     }
 }

@@ -24,6 +24,13 @@ fn fixture(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
+/// The engine the contract fixtures describe (with ILM).
+const ES8: counter_gateway::store::elasticsearch::templates::Engine =
+    counter_gateway::store::elasticsearch::templates::Engine::Elasticsearch {
+        major: 8,
+        minor: 15,
+    };
+
 fn fixture_json(name: &str) -> Value {
     serde_json::from_str(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
@@ -182,7 +189,7 @@ fn a_flush_whose_sample_sum_leaves_i64_goes_one_by_one() {
 
 #[test]
 fn the_average_scripts_keep_the_quotient_for_sorting() {
-    let steps = templates::steps(&names());
+    let steps = templates::steps(&names(), ES8);
     let avg = steps
         .iter()
         .find(|s| s.name == "counter-gateway-average-update-v1")
@@ -515,7 +522,7 @@ fn averages_are_read_and_ranked_like_the_embedded_store() {
 /// documents it writes, so no update is refused as a new field at run time.
 #[test]
 fn scripts_write_only_mapped_fields() {
-    let steps = templates::steps(&names());
+    let steps = templates::steps(&names(), ES8);
     let mapping = |component: &str| -> Vec<String> {
         let step = steps
             .iter()
@@ -560,4 +567,40 @@ fn scripts_write_only_mapped_fields() {
             );
         }
     }
+}
+
+/// A search whose index pattern matches no index (a new tenant, a window
+/// before any data) answers with zero shards and no `aggregations` key: the
+/// shape captured from OpenSearch 2.19.6, which Elasticsearch's source also
+/// produces. Empty data is an empty list, not an error.
+#[test]
+fn a_search_over_no_index_reads_as_empty() {
+    let answer = fixture_json("responses/search_no_index.json");
+    let top = query::window_top_from_aggs(&answer).unwrap();
+    assert!(top.entries.is_empty());
+    assert_eq!(top.sum_other_doc_count, 0);
+    let (buckets, after) = query::composite_page(&answer, "pairs").unwrap();
+    assert!(buckets.is_empty() && after.is_none());
+    // With shards searched, a missing aggregation is still an error.
+    let mut broken = answer.clone();
+    broken["_shards"]["total"] = json!(1);
+    assert!(query::window_top_from_aggs(&broken).is_err());
+    assert!(query::composite_page(&broken, "pairs").is_err());
+}
+
+/// `GET /` of the test node: OpenSearch, detected as such (no ILM there).
+#[test]
+fn the_engine_is_detected_from_the_root_answer() {
+    use counter_gateway::store::elasticsearch::templates::Engine;
+    let os = Engine::from_root(&fixture_json("responses/root_opensearch.json")).unwrap();
+    assert_eq!(
+        os,
+        Engine::OpenSearch {
+            major: 2,
+            minor: 19
+        }
+    );
+    assert!(!os.has_ilm());
+    let es = Engine::from_root(&fixture_json("responses/root.json")).unwrap();
+    assert!(es.has_ilm(), "{es}");
 }

@@ -1,12 +1,13 @@
-//! The write and read scenarios against a real Elasticsearch cluster, and
-//! the shared conformance scenarios (`tests/conformance/`) on the
-//! Elasticsearch store.
+//! The write and read scenarios against a real search engine, and the
+//! shared conformance scenarios (`tests/conformance/`) on the Elasticsearch
+//! store.
 //!
-//! Every test here is ignored by default and runs with
-//! `ELASTICSEARCH_URL=http://localhost:9200 cargo test --test es_real -- --ignored`
-//! (`scripts/elasticsearch/compose.yaml` starts a single node). Run without
-//! a reachable cluster, each test fails and says why: it never passes
-//! without having run. Each test writes under its own index prefix
+//! Every test here is ignored by default; the gate (`scripts/test.sh`) runs
+//! them against a real OpenSearch 2.19 node that `scripts/opensearch.sh`
+//! starts, or against `ELASTICSEARCH_URL` when set:
+//! `ELASTICSEARCH_URL=http://localhost:9200 cargo test --test es_real -- --ignored`.
+//! Run without a reachable cluster, each test fails and says why: it never
+//! passes without having run. Each test writes under its own index prefix
 //! (`cg-test-<n>`) and removes its indices, templates and scripts afterwards.
 
 #[path = "common/mod.rs"]
@@ -33,16 +34,23 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-const NEEDS: &str =
-    "needs a real Elasticsearch: set ELASTICSEARCH_URL (or run where testcontainers can start one)";
+/// The engine the contract fixtures describe (with ILM).
+const ES8: counter_gateway::store::elasticsearch::templates::Engine =
+    counter_gateway::store::elasticsearch::templates::Engine::Elasticsearch {
+        major: 8,
+        minor: 15,
+    };
+
+const NEEDS: &str = "needs a real Elasticsearch or OpenSearch: set ELASTICSEARCH_URL, or run \
+     `scripts/opensearch.sh run -- cargo test --test es_real -- --ignored`";
 
 /// The cluster to test against, checked to answer; panics with the reason otherwise.
 async fn cluster() -> String {
     let url = match std::env::var("ELASTICSEARCH_URL") {
         Ok(u) if !u.trim().is_empty() => u.trim().trim_end_matches('/').to_string(),
         _ => panic!(
-            "no Elasticsearch to test against: {NEEDS}. testcontainers is not compiled into this \
-             suite (see README); start one with `docker compose -f scripts/elasticsearch/compose.yaml up -d`"
+            "no search engine to test against: {NEEDS}. testcontainers is not compiled into this \
+             suite (no Docker engine here; see README)"
         ),
     };
     match reqwest::get(&url).await {
@@ -122,7 +130,7 @@ impl Es {
         let names = EsConfig::new(&self.url, &self.prefix, "default")
             .unwrap()
             .names;
-        for step in counter_gateway::store::elasticsearch::templates::steps(&names)
+        for step in counter_gateway::store::elasticsearch::templates::steps(&names, ES8)
             .iter()
             .rev()
         {
@@ -201,7 +209,7 @@ async fn call(router: &Router, method: &str, path: &str, body: Option<Value>) ->
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a real Elasticsearch: set ELASTICSEARCH_URL (or run where testcontainers can start one)"]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
 async fn increments_batches_decrements_and_reads() {
     let (es, r) = start().await;
     let (s, b) = call(
@@ -265,7 +273,7 @@ async fn increments_batches_decrements_and_reads() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a real Elasticsearch: set ELASTICSEARCH_URL (or run where testcontainers can start one)"]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
 async fn overflow_is_refused_by_the_script() {
     let (es, r) = start().await;
     let max = i64::MAX;
@@ -306,7 +314,7 @@ async fn overflow_is_refused_by_the_script() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a real Elasticsearch: set ELASTICSEARCH_URL (or run where testcontainers can start one)"]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
 async fn event_ids_are_counted_once() {
     let (es, r) = start().await;
     let batch = json!({"events": [
@@ -324,7 +332,7 @@ async fn event_ids_are_counted_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a real Elasticsearch: set ELASTICSEARCH_URL (or run where testcontainers can start one)"]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
 async fn delete_removes_the_counter_and_its_buckets() {
     let (es, r) = start().await;
     let yesterday = (common::test_now() - chrono::Duration::days(1)).to_rfc3339();
@@ -349,16 +357,32 @@ async fn delete_removes_the_counter_and_its_buckets() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a real Elasticsearch: set ELASTICSEARCH_URL (or run where testcontainers can start one)"]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
 async fn setup_is_idempotent() {
     let url = cluster().await;
     let prefix = prefix();
     let store =
         ElasticsearchStore::new(EsConfig::new(&url, &prefix, "default").unwrap(), clock()).unwrap();
     let first = store.setup().await.unwrap();
-    assert_eq!(first.installed.len(), 12, "{first:?}");
+    // Four scripts, five component and four index templates, and on
+    // Elasticsearch the ILM policy (OpenSearch has no ILM).
+    let want = if first.engine.has_ilm() { 14 } else { 13 };
+    assert_eq!(first.installed.len(), want, "{first:?}");
     let second = store.setup().await.unwrap();
     assert!(second.installed.is_empty(), "{second:?}");
+    assert_eq!(second.current.len(), want, "{second:?}");
+    // A script changed on the cluster (an older gateway's copy) is replaced.
+    let script = counter_gateway::store::elasticsearch::templates::counter_script_id(&prefix);
+    let http = reqwest::Client::new();
+    let r = http
+        .put(format!("{url}/_scripts/{script}/update"))
+        .json(&json!({"script": {"lang": "painless", "source": "ctx._source.value = 0"}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    let third = store.setup().await.unwrap();
+    assert_eq!(third.installed, vec![script], "{third:?}");
     let es = Es {
         url,
         prefix,
@@ -368,7 +392,7 @@ async fn setup_is_idempotent() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a real Elasticsearch: set ELASTICSEARCH_URL (or run where testcontainers can start one)"]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
 async fn same_totals_as_the_embedded_store() {
     let (es, on_es) = start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -446,7 +470,7 @@ fn refreshing(router: Router, url: &str, prefix: &str) -> Router {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a real Elasticsearch: set ELASTICSEARCH_URL (or run where testcontainers can start one)"]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
 async fn conformance_scenarios_pass_on_elasticsearch() {
     let url = cluster().await;
     runner::run_all(common::test_now(), |clock| {
@@ -462,4 +486,27 @@ async fn conformance_scenarios_pass_on_elasticsearch() {
         }
     })
     .await;
+}
+
+/// A tenant that never wrote (no index exists yet) reads empty lists, not
+/// errors: the engine answers such searches without `aggregations`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn a_new_tenant_reads_empty_lists() {
+    let (es, r) = start().await;
+    for path in [
+        "/v1/top/VIDEO/VIEW?interval=last_week",
+        "/v1/top/VIDEO/VIEW",
+        "/v1/top-averages/VIDEO/rating?interval=last_month",
+        "/v1/top-averages/VIDEO/rating",
+        "/v1/reports/unused?days=30",
+        "/v1/reports/stale?days=30",
+        "/v1/targets/VIDEO/x/counters",
+    ] {
+        let (status, body) = call(&r, "GET", path, None).await;
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    let (status, body) = call(&r, "GET", "/v1/top/VIDEO/VIEW?interval=last_week", None).await;
+    assert_eq!((status, &body["counters"]), (200, &json!([])), "{body}");
+    es.cleanup().await;
 }

@@ -85,6 +85,8 @@ pub struct ElasticsearchStore {
     config: EsConfig,
     clock: Clock,
     jitter: Jitter,
+    /// Read from `GET /` once ([`ElasticsearchStore::engine`]).
+    engine: std::sync::OnceLock<templates::Engine>,
 }
 
 impl ElasticsearchStore {
@@ -110,6 +112,7 @@ impl ElasticsearchStore {
             config,
             clock,
             jitter: Jitter::from_clock(),
+            engine: std::sync::OnceLock::new(),
         })
     }
 
@@ -119,6 +122,7 @@ impl ElasticsearchStore {
         if run_setup {
             let report = store.setup().await?;
             tracing::info!(
+                engine = %report.engine,
                 installed = report.installed.len(),
                 current = report.current.len(),
                 newer = report.newer.len(),
@@ -144,6 +148,7 @@ impl ElasticsearchStore {
             config,
             clock: self.clock.clone(),
             jitter: Jitter::from_clock(),
+            engine: self.engine.clone(),
         })
     }
 }

@@ -213,8 +213,11 @@ pub fn stale_query(q: &StaleQuery) -> Value {
 
 /// The source of the runtime fields splitting `value` into its high and low
 /// 32 bits. Constant, so Elasticsearch compiles it once; it holds no value.
-const VALUE_HI: &str = "if (doc['value'].size() > 0) { emit(doc['value'].value >> 32); }";
-const VALUE_LO: &str = "if (doc['value'].size() > 0) { emit(doc['value'].value & 4294967295L); }";
+/// The two 32-bit halves of a counter's value, as inline scripts of `sum`
+/// aggregations (not runtime fields, which OpenSearch and Elasticsearch
+/// before 7.11 lack): each half sums exactly in a double.
+const VALUE_HI: &str = "doc['value'].size() > 0 ? doc['value'].value >> 32 : 0L";
+const VALUE_LO: &str = "doc['value'].size() > 0 ? doc['value'].value & 4294967295L : 0L";
 
 /// One page of the unused report: every entity/action pair with its last
 /// touch (`max`), its total (two `sum`s of 32-bit halves, each exact in a
@@ -235,16 +238,12 @@ pub fn unused_query(after: Option<&Value>) -> Value {
     json!({
         "size": 0,
         "track_total_hits": false,
-        "runtime_mappings": {
-            "value_hi": {"type": "long", "script": {"source": VALUE_HI}},
-            "value_lo": {"type": "long", "script": {"source": VALUE_LO}}
-        },
         "aggs": {"pairs": {
             "composite": composite,
             "aggs": {
                 "last": {"max": {"field": "recorded_timestamp"}},
-                "hi": {"sum": {"field": "value_hi"}},
-                "lo": {"sum": {"field": "value_lo"}}
+                "hi": {"sum": {"script": {"source": VALUE_HI}}},
+                "lo": {"sum": {"script": {"source": VALUE_LO}}}
             }
         }}
     })
@@ -422,10 +421,30 @@ pub struct WindowTop {
     pub sum_other_doc_count: u64,
 }
 
+/// The aggregation `name` of a search answer; `None` when the search
+/// matched no index at all (a new tenant, a window before any data): the
+/// engine then answers with zero shards and no `aggregations` key, even with
+/// `allow_no_indices` (seen on OpenSearch 2.19 and in Elasticsearch's source).
+fn aggregation<'a>(body: &'a Value, name: &str) -> Result<Option<&'a Value>, String> {
+    if let Some(agg) = body.get("aggregations").and_then(|a| a.get(name)) {
+        return Ok(Some(agg));
+    }
+    if body.pointer("/_shards/total").and_then(Value::as_u64) == Some(0) {
+        return Ok(None);
+    }
+    Err(format!("the answer has no aggregations.{name}"))
+}
+
+static NO_BUCKETS: Vec<Value> = Vec::new();
+
 pub fn window_top_from_aggs(body: &Value) -> Result<WindowTop, String> {
-    let agg = body
-        .pointer("/aggregations/top")
-        .ok_or("the answer has no aggregations.top")?;
+    let Some(agg) = aggregation(body, "top")? else {
+        return Ok(WindowTop {
+            entries: Vec::new(),
+            sums_exact: true,
+            sum_other_doc_count: 0,
+        });
+    };
     let buckets = agg
         .get("buckets")
         .and_then(Value::as_array)
@@ -487,10 +506,9 @@ pub fn composite_page<'a>(
     body: &'a Value,
     name: &str,
 ) -> Result<(&'a Vec<Value>, Option<&'a Value>), String> {
-    let agg = body
-        .get("aggregations")
-        .and_then(|a| a.get(name))
-        .ok_or_else(|| format!("the answer has no aggregations.{name}"))?;
+    let Some(agg) = aggregation(body, name)? else {
+        return Ok((&NO_BUCKETS, None));
+    };
     let buckets = agg
         .get("buckets")
         .and_then(Value::as_array)

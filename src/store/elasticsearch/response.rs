@@ -70,8 +70,13 @@ pub fn describe_error(error: Option<&Value>) -> String {
         )
     };
     let mut out = part(e);
+    // The innermost cause that says something (a script's compile error
+    // ends in a cause with no reason).
     let mut inner = e;
     while let Some(c) = inner.get("caused_by") {
+        if c.get("reason").and_then(Value::as_str).is_none() {
+            break;
+        }
         inner = c;
     }
     if !std::ptr::eq(inner, e) {

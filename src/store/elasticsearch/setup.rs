@@ -1,25 +1,54 @@
-//! `setup`: installing what `index-templates/` holds, skipping what is current.
+//! `setup`: finding out which engine answers, then installing what
+//! `index-templates/` holds for it, skipping what is current.
 
 use elasticsearch::http::Method;
+use serde_json::Value;
 
-use super::templates::{self, Install};
+use super::templates::{self, Engine, Install};
 use super::{response, ElasticsearchStore};
 use crate::store::StoreError;
 
 /// What `setup` did with each object.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SetupReport {
+    pub engine: Engine,
     pub installed: Vec<String>,
     pub current: Vec<String>,
     pub newer: Vec<String>,
 }
 
 impl ElasticsearchStore {
-    /// Installs what `index-templates/` holds, skipping what is current.
+    /// The engine behind the URL, from `GET /` (which needs the `monitor`
+    /// cluster privilege); remembered for the store's lifetime.
+    pub async fn engine(&self) -> Result<Engine, StoreError> {
+        if let Some(e) = self.engine.get() {
+            return Ok(*e);
+        }
+        let (status, root) = self.call(Method::Get, "/", &[], None).await?;
+        if status != 200 {
+            return Err(privilege_or(status, "GET /", &root, "monitor"));
+        }
+        let engine = Engine::from_root(&root).map_err(StoreError::Internal)?;
+        engine.supported().map_err(StoreError::Internal)?;
+        Ok(*self.engine.get_or_init(|| engine))
+    }
+
+    /// Installs what `index-templates/` holds for this engine, skipping what
+    /// is current. Scripts are stored in their `update` context, which
+    /// compiles them: a script the engine cannot compile fails here, named.
     pub async fn setup(&self) -> Result<SetupReport, StoreError> {
-        let mut report = SetupReport::default();
-        for step in templates::steps(&self.config.names) {
+        let engine = self.engine().await?;
+        let mut report = SetupReport {
+            engine,
+            installed: Vec::new(),
+            current: Vec::new(),
+            newer: Vec::new(),
+        };
+        for step in templates::steps(&self.config.names, engine) {
             let (status, body) = self.call(Method::Get, &step.path, &[], None).await?;
+            if status != 200 && status != 404 {
+                return Err(privilege_or(status, &step.name, &body, "manage"));
+            }
             match step.needs_install(status, &body) {
                 Install::Current => report.current.push(step.name),
                 Install::Newer => {
@@ -30,14 +59,10 @@ impl ElasticsearchStore {
                     let payload = serde_json::to_vec(&step.body)
                         .map_err(|e| StoreError::Internal(e.to_string()))?;
                     let (status, body) = self
-                        .call(Method::Put, &step.path, &[], Some(payload))
+                        .call(Method::Put, &step.put_path, &[], Some(payload))
                         .await?;
                     if !(200..300).contains(&status) {
-                        return Err(StoreError::Internal(format!(
-                            "installing {} failed: {status} {}",
-                            step.name,
-                            response::describe_error(body.get("error"))
-                        )));
+                        return Err(privilege_or(status, &step.name, &body, "manage"));
                     }
                     tracing::info!(name = %step.name, "installed");
                     report.installed.push(step.name);
@@ -46,4 +71,33 @@ impl ElasticsearchStore {
         }
         Ok(report)
     }
+}
+
+/// Why a setup call failed: a missing privilege said as such, else the
+/// engine's own error (for a script, its compile error and where).
+fn privilege_or(status: u16, what: &str, body: &Value, privilege: &str) -> StoreError {
+    if status == 401 || status == 403 {
+        return StoreError::Internal(format!(
+            "{what}: the cluster answered {status}: the gateway's user needs the `{privilege}` \
+             cluster privilege for setup (see README, 'Privileges'): {}",
+            response::describe_error(body.get("error"))
+        ));
+    }
+    let stack = body
+        .pointer("/error/script_stack")
+        .and_then(Value::as_array)
+        .map(|lines| {
+            let lines: Vec<&str> = lines.iter().filter_map(Value::as_str).collect();
+            format!(" at:\n{}", lines.join("\n"))
+        })
+        .unwrap_or_default();
+    let status_error = if status == 429 || status >= 500 {
+        StoreError::Unavailable
+    } else {
+        StoreError::Internal
+    };
+    status_error(format!(
+        "installing {what} failed: {status} {}{stack}",
+        response::describe_error(body.get("error"))
+    ))
 }

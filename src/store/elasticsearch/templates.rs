@@ -1,7 +1,9 @@
 //! The files of `index-templates/` (stored scripts, ILM policy, component and
 //! composable index templates), named after the index prefix and installed
 //! idempotently: each carries a version, an installed copy at the same or a
-//! newer version is left alone, an older one is replaced.
+//! newer version is left alone, an older one is replaced. What is installed
+//! depends on the [`Engine`]: OpenSearch has no ILM (it refuses the policy
+//! endpoint and the `index.lifecycle.name` setting).
 
 use serde_json::{json, Value};
 
@@ -88,6 +90,65 @@ pub fn ilm_policy_name(prefix: &str) -> String {
     format!("{prefix}-bucket-retention")
 }
 
+/// The search engine behind the URL, as `GET /` describes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Elasticsearch { major: u32, minor: u32 },
+    OpenSearch { major: u32, minor: u32 },
+}
+
+impl Engine {
+    /// Reads `version.distribution` (only OpenSearch sends it) and
+    /// `version.number` of a `GET /` answer.
+    pub fn from_root(root: &Value) -> Result<Engine, String> {
+        let number = root
+            .pointer("/version/number")
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("GET / answered no version.number: {root}"))?;
+        let mut parts = number.split(|c: char| !c.is_ascii_digit());
+        let mut next = || parts.next().and_then(|p| p.parse::<u32>().ok());
+        let (Some(major), Some(minor)) = (next(), next()) else {
+            return Err(format!("GET / answered an unreadable version {number:?}"));
+        };
+        match root
+            .pointer("/version/distribution")
+            .and_then(Value::as_str)
+        {
+            Some("opensearch") => Ok(Engine::OpenSearch { major, minor }),
+            None | Some("elasticsearch") => Ok(Engine::Elasticsearch { major, minor }),
+            Some(other) => Err(format!("unknown search engine distribution {other:?}")),
+        }
+    }
+
+    /// Index lifecycle management: Elasticsearch only.
+    pub fn has_ilm(&self) -> bool {
+        matches!(self, Engine::Elasticsearch { .. })
+    }
+
+    /// Composable index templates and component templates: Elasticsearch
+    /// 7.8+, every OpenSearch.
+    pub fn supported(&self) -> Result<(), String> {
+        match *self {
+            Engine::Elasticsearch { major, minor } if (major, minor) < (7, 8) => Err(format!(
+                "Elasticsearch {major}.{minor} is too old: composable index templates need 7.8 or later (8.x and 9.x are supported)"
+            )),
+            Engine::OpenSearch { major, .. } if major < 1 => {
+                Err(format!("OpenSearch {major} is not supported (2.x is)"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Engine::Elasticsearch { major, minor } => write!(f, "Elasticsearch {major}.{minor}"),
+            Engine::OpenSearch { major, minor } => write!(f, "OpenSearch {major}.{minor}"),
+        }
+    }
+}
+
 /// What kind of object a step installs: decides how its installed version is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -97,12 +158,17 @@ pub enum Kind {
     IndexTemplate,
 }
 
-/// One object to install: `PUT path body`, unless the copy at `path` is current.
+/// One object to install: `PUT put_path body`, unless the copy read by
+/// `GET path` is current.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Step {
     pub kind: Kind,
     pub name: String,
     pub path: String,
+    /// Where the object is written. For a script, `path/update`: storing it
+    /// with its context compiles it on the spot, so a script error fails
+    /// `setup` instead of every write.
+    pub put_path: String,
     pub body: Value,
 }
 
@@ -170,10 +236,12 @@ fn parse(file: &str, what: &str) -> Value {
     serde_json::from_str(file).unwrap_or_else(|e| panic!("index-templates/{what} is not JSON: {e}"))
 }
 
-/// Every step of `setup`, in install order: scripts and the ILM policy
-/// before the templates that name them, component templates before the
-/// index templates composed of them.
-pub fn steps(names: &IndexNames) -> Vec<Step> {
+/// Every step of `setup` on `engine`, in install order: scripts and the ILM
+/// policy before the templates that name them, component templates before
+/// the index templates composed of them. Without ILM (OpenSearch) there is
+/// no policy and no lifecycle setting: the gateway deletes expired monthly
+/// indices itself.
+pub fn steps(names: &IndexNames, engine: Engine) -> Vec<Step> {
     let prefix = names.prefix();
     let mut out = Vec::new();
     for (id, source) in [
@@ -185,22 +253,27 @@ pub fn steps(names: &IndexNames) -> Vec<Step> {
         out.push(Step {
             kind: Kind::Script,
             path: format!("/_scripts/{id}"),
+            put_path: format!("/_scripts/{id}/update"),
             name: id,
             body: json!({"script": {"lang": "painless", "source": source}}),
         });
     }
     let ilm = ilm_policy_name(prefix);
-    out.push(Step {
-        kind: Kind::IlmPolicy,
-        path: format!("/_ilm/policy/{ilm}"),
-        name: ilm.clone(),
-        body: parse(ILM_BUCKETS, "ilm/bucket-retention.json"),
-    });
+    if engine.has_ilm() {
+        out.push(Step {
+            kind: Kind::IlmPolicy,
+            path: format!("/_ilm/policy/{ilm}"),
+            put_path: format!("/_ilm/policy/{ilm}"),
+            name: ilm.clone(),
+            body: parse(ILM_BUCKETS, "ilm/bucket-retention.json"),
+        });
+    }
     for (name, file) in COMPONENTS {
         let full = format!("{prefix}-{name}");
         out.push(Step {
             kind: Kind::ComponentTemplate,
             path: format!("/_component_template/{full}"),
+            put_path: format!("/_component_template/{full}"),
             name: full,
             body: parse(file, name),
         });
@@ -220,13 +293,14 @@ pub fn steps(names: &IndexNames) -> Vec<Step> {
                 }
             }
         }
-        if *time_based {
+        if *time_based && engine.has_ilm() {
             body["template"]["settings"]["index.lifecycle.name"] = json!(ilm);
         }
         let full = format!("{prefix}-{collection}");
         out.push(Step {
             kind: Kind::IndexTemplate,
             path: format!("/_index_template/{full}"),
+            put_path: format!("/_index_template/{full}"),
             name: full,
             body,
         });
@@ -241,16 +315,68 @@ mod tests {
     #[test]
     fn every_file_parses_and_steps_are_ordered() {
         let names = IndexNames::new("counter-gateway", "default").unwrap();
-        let s = steps(&names);
+        let s = steps(&names, ES8);
         assert_eq!(s.len(), 4 + 1 + COMPONENTS.len() + INDEX_TEMPLATES.len());
         assert_eq!(s[0].path, "/_scripts/counter-gateway-counter-update-v1");
+        assert_eq!(
+            s[0].put_path,
+            "/_scripts/counter-gateway-counter-update-v1/update"
+        );
         assert_eq!(s.last().unwrap().kind, Kind::IndexTemplate);
+    }
+
+    const ES8: Engine = Engine::Elasticsearch {
+        major: 8,
+        minor: 15,
+    };
+
+    #[test]
+    fn opensearch_gets_no_ilm() {
+        let names = IndexNames::new("cg", "default").unwrap();
+        let os = steps(
+            &names,
+            Engine::OpenSearch {
+                major: 2,
+                minor: 19,
+            },
+        );
+        assert_eq!(os.len(), steps(&names, ES8).len() - 1);
+        assert!(os.iter().all(|s| s.kind != Kind::IlmPolicy));
+        assert!(os.iter().all(|s| !s.body.to_string().contains("lifecycle")));
+        let es = steps(&names, ES8);
+        assert!(es
+            .iter()
+            .any(|s| s.body.to_string().contains("index.lifecycle.name")));
+    }
+
+    #[test]
+    fn the_engine_is_read_from_the_root_answer() {
+        // Shapes as GET / answers them (OpenSearch 2.19.6 captured from the
+        // test node; Elasticsearch from the reference).
+        let os = json!({"version": {"distribution": "opensearch", "number": "2.19.6"}});
+        assert_eq!(
+            Engine::from_root(&os),
+            Ok(Engine::OpenSearch {
+                major: 2,
+                minor: 19
+            })
+        );
+        let es = json!({"version": {"number": "9.1.0", "build_flavor": "default"}});
+        assert_eq!(
+            Engine::from_root(&es),
+            Ok(Engine::Elasticsearch { major: 9, minor: 1 })
+        );
+        assert!(Engine::from_root(&json!({"version": {"number": "7.4.2"}}))
+            .unwrap()
+            .supported()
+            .is_err());
+        assert!(Engine::from_root(&json!({})).is_err());
     }
 
     #[test]
     fn versions_decide_what_is_installed() {
         let names = IndexNames::new("cg", "default").unwrap();
-        let s = steps(&names);
+        let s = steps(&names, ES8);
         let comp = s
             .iter()
             .find(|s| s.kind == Kind::ComponentTemplate)
