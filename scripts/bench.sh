@@ -6,6 +6,7 @@
 #   scripts/bench.sh                 # 10 s per load
 #   DURATION=30s CONNECTIONS=256 scripts/bench.sh
 #   BENCH_ONLY=es scripts/bench.sh   # only the Elasticsearch write path (local sink)
+#   BENCH_ONLY=node scripts/bench.sh # only the Elasticsearch store on a real OpenSearch node
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,8 +57,10 @@ wrk_rps() {
   echo "$out" | awk '/Requests\/sec/ {print $2}'
 }
 p99() { awk '/ 99%/ {print $2}' "$work/wrk-$1.txt"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+check() { awk -v r="$1" -v t="$2" 'BEGIN { print (r >= t ? "met" : "NOT met") }'; }
 
-if [ "${BENCH_ONLY:-}" != es ]; then
+if [ -z "${BENCH_ONLY:-}" ]; then
 healthz=$(wrk_rps healthz "$base/healthz")
 single=$(wrk_rps single -s scripts/bench/increment.lua "$base")
 batch_rps=$(wrk_rps batch -s scripts/bench/events.lua "$base")
@@ -77,8 +80,6 @@ redis_rps() { redis-benchmark -p "$rport" -t incr -c "$CONNECTIONS" -n "$REDIS_R
 redis_plain=$(redis_rps)
 redis_p16=$(redis_rps -P 16)
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-check() { awk -v r="$1" -v t="$2" 'BEGIN { print (r >= t ? "met" : "NOT met") }'; }
 
 r1=$(ratio "$single" "$healthz"); r2=$(ratio "$single" "$redis_plain"); r3=$(ratio "$batch_incr" "$redis_p16")
 printf '\ncounter-gateway benchmark (%s per load, %s connections, %s wrk threads, %s cores)\n' "$DURATION" "$CONNECTIONS" "$THREADS" "$(nproc)"
@@ -104,6 +105,64 @@ fi
 # distinct keys in each. It is a benchmark sink, not Elasticsearch: the figures
 # are bulk items per increment and per distinct key, and the gateway's
 # throughput when the store answers fast; not Elasticsearch's throughput.
+# --- The Elasticsearch store on a real node (OpenSearch 2.19, scripts/opensearch.sh):
+# the gateway against the straightforward way of counting in Elasticsearch,
+# one scripted _update per event sent straight to the node
+# (scripts/bench/es_direct.lua), for Zipf single increments over 10,000 keys.
+# Totals are read back from the node after a refresh: "applied" may exceed
+# "acknowledged" by requests still in flight when the load stopped.
+if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = node ]; then
+  if scripts/opensearch.sh start --pidfile "$work/os.pid" --parent-pid $$ >"$work/os.out" 2>"$work/os.err"; then
+    node=$(awk -F= '/^OPENSEARCH_URL=/ {print $2}' "$work/os.out")
+    pids+=("$(cat "$work/os.pid")")
+    applied() { # the sum of every counter value under an index prefix
+      curl -s -XPOST "$node/$1_*/_refresh" >/dev/null
+      curl -s -XPOST -H 'content-type: application/json' "$node/$1_default_counters/_search" \
+        -d '{"size":0,"aggs":{"v":{"sum":{"field":"value"}}}}' |
+        python3 -c 'import json,sys; print(int(json.load(sys.stdin)["aggregations"]["v"]["value"]))'
+    }
+    acked() { awk '/requests in/ {r=$1} /Non-2xx or 3xx/ {b=$NF} END {print r - b}' "$work/wrk-$1.txt"; }
+    NO_COLOR=1 RUST_LOG=warn "$BIN" setup --elasticsearch-url "$node" --index-prefix bench-direct >/dev/null 2>&1
+    direct_out=$(wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" --latency -s scripts/bench/es_direct.lua "$node" -- bench-direct)
+    echo "$direct_out" >"$work/wrk-direct.txt"
+    direct_rps=$(echo "$direct_out" | awk '/Requests\/sec/ {print $2}')
+    direct_conflicts=$(echo "$direct_out" | awk '/^conflicts/ {print $2}')
+    direct_acked=$(echo "$direct_out" | awk '/^acknowledged/ {print $2}')
+    direct_applied=$(applied bench-direct)
+    node_gateway() { # label, extra serve flags...
+      local label=$1; shift
+      local gport; gport=$(free_port)
+      NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$gport" --data-dir "$work/node-$label" \
+        --elasticsearch-url "$node" --index-prefix "bench-$label" "$@" >"$work/node-$label.log" 2>&1 &
+      local gpid=$!
+      for _ in $(seq 200); do curl -sf "http://127.0.0.1:$gport/readyz" >/dev/null && break; sleep 0.1; done
+      local rps; rps=$(wrk_rps "node-$label" -s scripts/bench/zipf.lua "http://127.0.0.1:$gport")
+      local m; m=$(curl -s "http://127.0.0.1:$gport/metrics")
+      kill "$gpid"; wait "$gpid" 2>/dev/null || true
+      local inc items
+      inc=$(echo "$m" | awk '/^counter_gateway_flushed_increments_total/ {print $2}')
+      items=$(echo "$m" | awk '/^counter_gateway_store_writes_total/ {print $2}')
+      printf '%s %s %s %s %s\n' "$rps" "$inc" "$items" "$(acked "node-$label")" "$(applied "bench-$label")"
+    }
+    read -r gw_rps gw_inc gw_items gw_acked gw_applied < <(node_gateway gw)
+    read -r gw2_rps gw2_inc gw2_items gw2_acked gw2_applied < <(node_gateway gw2ms --flush-interval 2ms)
+    printf '\nElasticsearch store on a real OpenSearch 2.19 node: Zipf single increments over 10k keys (%s, %s connections)\n' "$DURATION" "$CONNECTIONS"
+    printf '%-46s %9s %12s %12s %10s %10s\n' "load" "events/s" "acknowledged" "applied" "items/evt" "conflicts"
+    printf '%-46s %9.0f %12d %12d %10s %10d\n' "one scripted _update per event (direct)" "$direct_rps" "$direct_acked" "$direct_applied" "1.00" "$direct_conflicts"
+    printf '%-46s %9.0f %12d %12d %10s %10s\n' "gateway, default flush interval" "$gw_rps" "$gw_acked" "$gw_applied" "$(ratio "$gw_items" "$gw_inc")" "0"
+    printf '%-46s %9.0f %12d %12d %10s %10s\n' "gateway, --flush-interval 2ms" "$gw2_rps" "$gw2_acked" "$gw2_applied" "$(ratio "$gw2_items" "$gw2_inc")" "0"
+    printf '%-46s %9s\n' "gateway / direct events per second (goal 20x)" "$(ratio "$gw_rps" "$direct_rps")"
+    printf 'exact: every acknowledged increment applied, and at most %s more (in flight at the end): direct %s, gateway %s\n' \
+      "$CONNECTIONS" \
+      "$(awk -v a="$direct_acked" -v p="$direct_applied" -v c="$CONNECTIONS" 'BEGIN {print (p >= a && p <= a + c) ? "yes" : "NO"}')" \
+      "$(awk -v a="$gw_acked" -v p="$gw_applied" -v c="$CONNECTIONS" 'BEGIN {print (p >= a && p <= a + c) ? "yes" : "NO"}')"
+    scripts/opensearch.sh stop --pidfile "$work/os.pid" >/dev/null 2>&1 || true
+  else
+    echo "real-node benchmark skipped: $(cat "$work/os.err" | tail -1)"
+  fi
+  [ "${BENCH_ONLY:-}" = node ] && exit 0
+fi
+
 sport=$(free_port)
 python3 scripts/bench/es_sink.py --port "$sport" >"$work/es-sink.log" 2>&1 &
 pids+=($!)
