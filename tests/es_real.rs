@@ -848,3 +848,183 @@ async fn overflow_within_one_flush_refuses_exactly_the_overflowing_requests() {
     }
     es.cleanup().await;
 }
+
+/// 23:00 UTC on the last day of `test_now()`'s month.
+fn month_end_23h() -> chrono::DateTime<chrono::Utc> {
+    use chrono::{Datelike, NaiveDate, TimeZone};
+    let now = common::test_now();
+    let (y, m) = if now.month() == 12 {
+        (now.year() + 1, 1)
+    } else {
+        (now.year(), now.month() + 1)
+    };
+    let first_next = NaiveDate::from_ymd_opt(y, m, 1).unwrap();
+    let last = first_next.pred_opt().unwrap();
+    chrono::Utc.from_utc_datetime(&last.and_hms_opt(23, 0, 0).unwrap())
+}
+
+/// Counting across a month change: buckets land in two monthly indices,
+/// and windows spanning both are summed exactly (and say so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn a_month_change_splits_buckets_and_windows_still_add_up() {
+    let url = cluster().await;
+    let es = Es {
+        url: url.clone(),
+        prefix: prefix(),
+        http: reqwest::Client::new(),
+    };
+    let start = month_end_23h();
+    let manual = ManualClock::new(start);
+    let r = refreshing(
+        es_router(&url, &es.prefix, manual.clock()).await,
+        &url,
+        &es.prefix,
+    );
+    // Per-month orders differ from the total's: a leads the old month,
+    // c the new one, c then b then a over both.
+    let old = [("a", 10), ("b", 6), ("c", 1)];
+    let new = [("b", 6), ("c", 12)];
+    for (uuid, count) in old {
+        let (s, b) = call(
+            &r,
+            "POST",
+            &format!("/v1/counters/M/v/{uuid}/increment"),
+            Some(json!({ "count": count })),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+    }
+    manual.advance(chrono::Duration::hours(2));
+    let later = manual.now();
+    let events: Vec<Value> = new
+        .iter()
+        .map(|(uuid, count)| json!({"entity": "M", "action": "v", "uuid": uuid, "count": count}))
+        .collect();
+    let (s, b) = call(&r, "POST", "/v1/events", Some(json!({ "events": events }))).await;
+    assert_eq!(s, 200, "{b}");
+
+    // Where the buckets went, as the engine has them.
+    es.refresh().await;
+    let indices: Value = es
+        .http
+        .get(format!(
+            "{url}/_cat/indices/{}_default_histogram_counters-*?format=json&h=index,docs.count",
+            es.prefix
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut got: Vec<(String, String)> = indices
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["index"].as_str().unwrap().to_string(),
+                i["docs.count"].as_str().unwrap_or("?").to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    let index = |t: chrono::DateTime<chrono::Utc>| {
+        format!(
+            "{}_default_histogram_counters-{}",
+            es.prefix,
+            t.format("%Y.%m")
+        )
+    };
+    assert_eq!(
+        got,
+        [
+            (index(start), "3".to_string()),
+            (index(later), "2".to_string())
+        ],
+        "{indices}"
+    );
+
+    let (d0, d1) = (
+        start.format("%Y-%m-%d").to_string(),
+        later.format("%Y-%m-%d").to_string(),
+    );
+    let top = |b: &Value| -> Vec<(String, i64)> {
+        b["counters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["uuid"].as_str().unwrap().to_string(),
+                    c["value"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let list = |v: &[(&str, i64)]| -> Vec<(String, i64)> {
+        v.iter().map(|(u, n)| (u.to_string(), *n)).collect()
+    };
+    for path in [
+        "/v1/top/M/v?interval=last_week".to_string(),
+        format!("/v1/top/M/v?from={d0}&to={d1}"),
+        "/v1/top/M/v".to_string(),
+    ] {
+        let (s, b) = call(&r, "GET", &path, None).await;
+        assert_eq!(s, 200, "{path}: {b}");
+        assert_eq!(
+            top(&b),
+            list(&[("c", 13), ("b", 12), ("a", 10)]),
+            "{path}: {b}"
+        );
+        assert_eq!(b["exact"], json!(true), "{path}: {b}");
+    }
+    // A short list across the boundary: the order of the sums, not of
+    // either month.
+    let path = "/v1/top/M/v?interval=last_week&size=2";
+    let (s, b) = call(&r, "GET", path, None).await;
+    assert_eq!((s, &b["exact"]), (200, &json!(true)), "{b}");
+    assert_eq!(top(&b), list(&[("c", 13), ("b", 12)]), "{path}: {b}");
+    // One side of the boundary each.
+    for (day, want) in [
+        (&d0, list(&[("a", 10), ("b", 6), ("c", 1)])),
+        (&d1, list(&[("c", 12), ("b", 6)])),
+    ] {
+        let path = format!("/v1/top/M/v?from={day}&to={day}");
+        let (s, b) = call(&r, "GET", &path, None).await;
+        assert_eq!((s, &b["exact"]), (200, &json!(true)), "{path}: {b}");
+        assert_eq!(top(&b), want, "{path}: {b}");
+    }
+    // Histograms across the boundary.
+    for (uuid, buckets) in [
+        ("a", json!([{"day": d0, "value": 10}])),
+        (
+            "b",
+            json!([{"day": d0, "value": 6}, {"day": d1, "value": 6}]),
+        ),
+        (
+            "c",
+            json!([{"day": d0, "value": 1}, {"day": d1, "value": 12}]),
+        ),
+    ] {
+        let path = format!("/v1/counters/M/v/{uuid}/histogram?from={d0}&to={d1}");
+        let (s, b) = call(&r, "GET", &path, None).await;
+        assert_eq!(s, 200, "{path}: {b}");
+        let total: i64 = buckets
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["value"].as_i64().unwrap())
+            .sum();
+        assert_eq!(
+            (&b["buckets"], &b["total"]),
+            (&buckets, &json!(total)),
+            "{path}: {b}"
+        );
+        let path = format!("/v1/counters/M/v/{uuid}/histogram?interval=last_week");
+        let (_, b) = call(&r, "GET", &path, None).await;
+        assert_eq!(b["total"], json!(total), "{path}: {b}");
+    }
+    es.cleanup().await;
+}
