@@ -42,7 +42,7 @@ for at in 2027-01-31T12:00:00Z 2027-12-31T12:00:00Z 2028-02-29T12:00:00Z 2026-12
   rm -f "$at_log"
 done
 
-echo "== real search engine suite (tests/es_real.rs)"
+echo "== real search engine suites (tests/es_real.rs, tests/es_node_faults.rs)"
 # Against ELASTICSEARCH_URL when set (any Elasticsearch 8/9 or OpenSearch 2);
 # otherwise against a real OpenSearch 2.19 node that scripts/opensearch.sh
 # builds from Maven Central and starts for this run (Java 17 and Maven).
@@ -53,13 +53,22 @@ if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless maven) >/dev/null 2>&1 || true
   fi
 fi
+# tests/es_node_faults.rs starts, SIGKILLs and restarts a node of its own
+# through scripts/opensearch.sh (so it needs java and mvn even when
+# ELASTICSEARCH_URL is set; without them it stays counted as skipped there).
 es_log=$(mktemp)
 es_status=0
 if [ -n "${ELASTICSEARCH_URL:-}" ]; then
   echo "against ELASTICSEARCH_URL=${ELASTICSEARCH_URL}"
-  cargo test --locked --test es_real -- --ignored 2>&1 | tee "$es_log" || es_status=$?
+  es_suites=(--test es_real)
+  if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then
+    es_suites+=(--test es_node_faults)
+  else
+    echo "tests/es_node_faults.rs: SKIPPED, needs java and mvn for its own node"
+  fi
+  cargo test --locked "${es_suites[@]}" -- --ignored 2>&1 | tee "$es_log" || es_status=$?
 else
-  scripts/opensearch.sh run -- cargo test --locked --test es_real -- --ignored 2>&1 | tee "$es_log" || es_status=$?
+  scripts/opensearch.sh run -- cargo test --locked --test es_real --test es_node_faults -- --ignored 2>&1 | tee "$es_log" || es_status=$?
 fi
 es_passed=$(count "$es_log" "passed;"); es_failed=$(count "$es_log" "failed;")
 if grep -q '^opensearch: unavailable:' "$es_log"; then

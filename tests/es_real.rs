@@ -159,11 +159,15 @@ async fn es_router(url: &str, prefix: &str, clock: Clock) -> Router {
 }
 
 fn router_over(store: Arc<dyn Store>, clock: Clock) -> Router {
-    let metrics = Arc::new(Metrics::default());
     let config = PipelineConfig {
         ack_timeout: Duration::from_secs(20),
         ..PipelineConfig::default()
     };
+    router_with(store, clock, config)
+}
+
+fn router_with(store: Arc<dyn Store>, clock: Clock, config: PipelineConfig) -> Router {
+    let metrics = Arc::new(Metrics::default());
     let (pipeline, _flusher) = Pipeline::start(store.clone(), config, metrics.clone());
     router(AppState {
         store,
@@ -293,6 +297,53 @@ async fn overflow_is_refused_by_the_script() {
     );
     let (s, b) = call(&r, "GET", "/v1/counters/C/N/u", None).await;
     assert_eq!((s, &b["value"]), (200, &json!(max)));
+    // The refused request's bucket addition (same day, same document) was
+    // refused too: the day still holds exactly the first request.
+    es.refresh().await;
+    let (s, b) = call(&r, "GET", "/v1/counters/C/N/u/histogram", None).await;
+    assert_eq!((s, &b["total"]), (200, &json!(max)), "{b}");
+    // The counter at the maximum from yesterday's bucket: today's +1 would
+    // create today's bucket (create, which succeeds) while the counter
+    // refuses (update). The created bucket is undone: the request is
+    // refused as a whole and the histogram keeps its total.
+    let now = common::test_now();
+    let yesterday = now - chrono::Duration::days(1);
+    let (s, b) = call(
+        &r,
+        "POST",
+        "/v1/counters/C/N/y/increment",
+        Some(json!({"count": max, "timestamp": yesterday.to_rfc3339()})),
+    )
+    .await;
+    assert_eq!((s, &b["value"]), (200, &json!(max)), "{b}");
+    let (s, b) = call(&r, "POST", "/v1/counters/C/N/y/increment", None).await;
+    assert_eq!(
+        (s, &b["error"]["type"]),
+        (409, &json!("counter_overflow")),
+        "{b}"
+    );
+    let (s, b) = call(&r, "GET", "/v1/counters/C/N/y", None).await;
+    assert_eq!((s, &b["value"]), (200, &json!(max)), "{b}");
+    es.refresh().await;
+    let (s, b) = call(
+        &r,
+        "GET",
+        "/v1/counters/C/N/y/histogram?interval=last_week",
+        None,
+    )
+    .await;
+    assert_eq!((s, &b["total"]), (200, &json!(max)), "{b}");
+    let nonzero: Vec<&Value> = b["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["value"] != json!(0))
+        .collect();
+    assert_eq!(
+        nonzero,
+        [&json!({"day": yesterday.format("%Y-%m-%d").to_string(), "value": max})],
+        "{b}"
+    );
     // Small numbers arrive in Painless as Integer: no int wrap-around either.
     let (s, b) = call(
         &r,
@@ -508,5 +559,472 @@ async fn a_new_tenant_reads_empty_lists() {
     }
     let (status, body) = call(&r, "GET", "/v1/top/VIDEO/VIEW?interval=last_week", None).await;
     assert_eq!((status, &body["counters"]), (200, &json!([])), "{body}");
+    es.cleanup().await;
+}
+
+/// The hot keys the three-gateway tests write: `HOT/hit/h0`..`h2`.
+const HOT: [&str; 3] = ["h0", "h1", "h2"];
+
+/// One request of the hot-key traffic: where it goes, its body, and what it
+/// adds to each hot key (by index into [`HOT`]).
+struct HotRequest {
+    path: String,
+    body: Value,
+    adds: Vec<(usize, i64)>,
+    /// Events in the request that carry an id (0 without ids).
+    ids: u64,
+}
+
+/// Gateway `g`'s 200 requests over the hot keys: increments and decrements
+/// of varied sizes, every fifth request a `/v1/events` batch of four events
+/// over all three keys. With `with_ids` every increment and event has an
+/// id unique to it.
+fn hot_traffic(g: usize, with_ids: bool) -> Vec<HotRequest> {
+    (0..200usize)
+        .map(|i| {
+            if i % 5 == 4 {
+                let mut events = Vec::new();
+                let mut adds = Vec::new();
+                for j in 0..4usize {
+                    let k = (i + j) % 3;
+                    let count = j as i64 + 1;
+                    let mut ev =
+                        json!({"entity": "HOT", "action": "hit", "uuid": HOT[k], "count": count});
+                    if with_ids {
+                        ev["id"] = json!(format!("g{g}-r{i}-e{j}"));
+                    }
+                    events.push(ev);
+                    adds.push((k, count));
+                }
+                HotRequest {
+                    path: "/v1/events".into(),
+                    body: json!({ "events": events }),
+                    adds,
+                    ids: if with_ids { 4 } else { 0 },
+                }
+            } else {
+                let k = i % 3;
+                let count = [1, 2, 3, -1, 7][i % 5];
+                let mut body = json!({ "count": count });
+                if with_ids {
+                    body["id"] = json!(format!("g{g}-r{i}"));
+                }
+                HotRequest {
+                    path: format!("/v1/counters/HOT/hit/{}/increment", HOT[k]),
+                    body,
+                    adds: vec![(k, count)],
+                    ids: u64::from(with_ids),
+                }
+            }
+        })
+        .collect()
+}
+
+/// Three gateways (each its own store, pipeline and router) on one cluster
+/// and prefix send their traffic concurrently, 8 requests in flight each.
+/// With `with_ids`, every request of gateway `g` is also sent again (a
+/// client retry) through gateway `g + 1`, interleaved with that gateway's
+/// own requests, so an original and its retry are often in flight at once
+/// on two gateways. Then the totals must be exact: the counter documents
+/// and today's bucket documents, where the three gateways' scripted upserts
+/// meet as version conflicts on the shard.
+async fn three_gateways_on_hot_keys(with_ids: bool) {
+    let url = cluster().await;
+    let es = Es {
+        url: url.clone(),
+        prefix: prefix(),
+        http: reqwest::Client::new(),
+    };
+    let mut gateways = Vec::new();
+    for _ in 0..3 {
+        // Histograms are searches: they see writes after a refresh.
+        let r = es_router(&url, &es.prefix, clock()).await;
+        gateways.push(refreshing(r, &url, &es.prefix));
+    }
+    let own: Vec<Vec<HotRequest>> = (0..3).map(|g| hot_traffic(g, with_ids)).collect();
+    let mut expected = [0i64; 3];
+    let mut id_events = 0u64;
+    for r in own.iter().flatten() {
+        for &(k, c) in &r.adds {
+            expected[k] += c;
+        }
+        id_events += r.ids;
+    }
+    // What each gateway sends: its own requests, and with ids the previous
+    // gateway's again, alternately.
+    let work: Vec<Arc<Vec<(String, Value)>>> = (0..3)
+        .map(|g| {
+            let mut list = Vec::new();
+            let retried = &own[(g + 2) % 3];
+            for (i, r) in own[g].iter().enumerate() {
+                list.push((r.path.clone(), r.body.clone()));
+                if with_ids {
+                    list.push((retried[i].path.clone(), retried[i].body.clone()));
+                }
+            }
+            Arc::new(list)
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    const IN_FLIGHT: usize = 8;
+    for (g, router) in gateways.iter().enumerate() {
+        for w in 0..IN_FLIGHT {
+            let (router, work) = (router.clone(), work[g].clone());
+            tasks.spawn(async move {
+                let mut duplicates = 0u64;
+                for (path, body) in work.iter().skip(w).step_by(IN_FLIGHT) {
+                    let (s, b) = call(&router, "POST", path, Some(body.clone())).await;
+                    assert_eq!(s, 200, "gateway {g}: {path} {body}: {b}");
+                    duplicates += b["duplicates"].as_u64().unwrap_or(0);
+                }
+                duplicates
+            });
+        }
+    }
+    let mut duplicates = 0;
+    while let Some(d) = tasks.join_next().await {
+        duplicates += d.expect("a client task");
+    }
+    let sent: usize = work.iter().map(|w| w.len()).sum();
+    eprintln!(
+        "three gateways, ids: {with_ids}: {sent} requests in {:?}",
+        started.elapsed()
+    );
+    let today = common::test_now().format("%Y-%m-%d").to_string();
+    for (k, uuid) in HOT.iter().enumerate() {
+        for (g, r) in gateways.iter().enumerate() {
+            let (s, b) = call(r, "GET", &format!("/v1/counters/HOT/hit/{uuid}"), None).await;
+            assert_eq!(
+                (s, &b["value"]),
+                (200, &json!(expected[k])),
+                "gateway {g}, {uuid}: {b}"
+            );
+        }
+        let (s, b) = call(
+            &gateways[0],
+            "GET",
+            &format!("/v1/counters/HOT/hit/{uuid}/histogram?from={today}&to={today}"),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+        assert_eq!(
+            (&b["total"], &b["buckets"]),
+            (
+                &json!(expected[k]),
+                &json!([{"day": today, "value": expected[k]}])
+            ),
+            "{uuid}: {b}"
+        );
+    }
+    // One bucket document per hot key and day, however many writers.
+    assert_eq!(es.count("default_histogram_counters-*").await, 3);
+    if with_ids {
+        // Of each event sent twice exactly one copy was counted; the other
+        // was reported as a duplicate (only /v1/events reports them).
+        let batch_ids: u64 = own
+            .iter()
+            .flatten()
+            .filter(|r| r.path == "/v1/events")
+            .map(|r| r.ids)
+            .sum();
+        assert_eq!(duplicates, batch_ids, "{id_events} events with ids");
+    } else {
+        assert_eq!(duplicates, 0);
+    }
+    es.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn three_gateways_on_hot_keys_count_exactly() {
+    three_gateways_on_hot_keys(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn three_gateways_count_retried_events_once() {
+    three_gateways_on_hot_keys(true).await;
+}
+
+/// Overflow decided for a whole flush. Requests gather for 300 ms before
+/// each flush, so concurrent requests share one `_bulk`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn overflow_within_one_flush_refuses_exactly_the_overflowing_requests() {
+    let url = cluster().await;
+    let es = Es {
+        url: url.clone(),
+        prefix: prefix(),
+        http: reqwest::Client::new(),
+    };
+    let store: Arc<dyn Store> = Arc::new(
+        ElasticsearchStore::open(
+            EsConfig::new(&url, &es.prefix, "default").unwrap(),
+            clock(),
+            true,
+        )
+        .await
+        .expect("setup against the cluster"),
+    );
+    let config = PipelineConfig {
+        flush_interval: Duration::from_millis(300),
+        ack_timeout: Duration::from_secs(20),
+        ..PipelineConfig::default()
+    };
+    let r = refreshing(router_with(store, clock(), config), &url, &es.prefix);
+    let max = i64::MAX;
+    // One request whose own events, coalesced, overflow a NEW key: refused
+    // as a whole, nothing of it written (not even its other key).
+    let (s, b) = call(
+        &r,
+        "POST",
+        "/v1/events",
+        Some(json!({"events": [
+            {"entity": "O", "action": "n", "uuid": "new", "count": max},
+            {"entity": "O", "action": "n", "uuid": "other", "count": 5},
+            {"entity": "O", "action": "n", "uuid": "new", "count": 1}
+        ]})),
+    )
+    .await;
+    assert_eq!(
+        (s, &b["error"]["type"]),
+        (409, &json!("counter_overflow")),
+        "{b}"
+    );
+    for uuid in ["new", "other"] {
+        let (s, b) = call(&r, "GET", &format!("/v1/counters/O/n/{uuid}"), None).await;
+        assert_eq!(s, 404, "{uuid}: {b}");
+    }
+    // A key at max - 10, then in one flush two +6 requests (each fits, their
+    // sum does not: only the script sees it) and a +3 on another key. The
+    // flush is undone and replayed request by request: one +6 is refused,
+    // the other and the +3 are counted exactly once.
+    let (s, b) = call(
+        &r,
+        "POST",
+        "/v1/counters/O/n/hot/increment",
+        Some(json!({"count": max - 10})),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    let mut tasks = tokio::task::JoinSet::new();
+    for (uuid, count) in [("hot", 6), ("hot", 6), ("side", 3)] {
+        let r = r.clone();
+        tasks.spawn(async move {
+            let path = format!("/v1/counters/O/n/{uuid}/increment");
+            let (s, b) = call(&r, "POST", &path, Some(json!({ "count": count }))).await;
+            (uuid, s, b)
+        });
+    }
+    let mut statuses = Vec::new();
+    while let Some(res) = tasks.join_next().await {
+        let (uuid, s, b) = res.unwrap();
+        if s == 409 {
+            assert_eq!(b["error"]["type"], json!("counter_overflow"), "{b}");
+        }
+        statuses.push((uuid, s));
+    }
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [("hot", 200), ("hot", 409), ("side", 200)],
+        "{statuses:?}"
+    );
+    let (_, b) = call(&r, "GET", "/v1/counters/O/n/hot", None).await;
+    assert_eq!(b["value"], json!(max - 4), "{b}");
+    let (_, b) = call(&r, "GET", "/v1/counters/O/n/side", None).await;
+    assert_eq!(b["value"], json!(3), "{b}");
+    for (uuid, total) in [("hot", max - 4), ("side", 3)] {
+        let (s, b) = call(
+            &r,
+            "GET",
+            &format!("/v1/counters/O/n/{uuid}/histogram"),
+            None,
+        )
+        .await;
+        assert_eq!((s, &b["total"]), (200, &json!(total)), "{uuid}: {b}");
+    }
+    es.cleanup().await;
+}
+
+/// 23:00 UTC on the last day of `test_now()`'s month.
+fn month_end_23h() -> chrono::DateTime<chrono::Utc> {
+    use chrono::{Datelike, NaiveDate, TimeZone};
+    let now = common::test_now();
+    let (y, m) = if now.month() == 12 {
+        (now.year() + 1, 1)
+    } else {
+        (now.year(), now.month() + 1)
+    };
+    let first_next = NaiveDate::from_ymd_opt(y, m, 1).unwrap();
+    let last = first_next.pred_opt().unwrap();
+    chrono::Utc.from_utc_datetime(&last.and_hms_opt(23, 0, 0).unwrap())
+}
+
+/// Counting across a month change: buckets land in two monthly indices,
+/// and windows spanning both are summed exactly (and say so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn a_month_change_splits_buckets_and_windows_still_add_up() {
+    let url = cluster().await;
+    let es = Es {
+        url: url.clone(),
+        prefix: prefix(),
+        http: reqwest::Client::new(),
+    };
+    let start = month_end_23h();
+    let manual = ManualClock::new(start);
+    let r = refreshing(
+        es_router(&url, &es.prefix, manual.clock()).await,
+        &url,
+        &es.prefix,
+    );
+    // Per-month orders differ from the total's: a leads the old month,
+    // c the new one, c then b then a over both.
+    let old = [("a", 10), ("b", 6), ("c", 1)];
+    let new = [("b", 6), ("c", 12)];
+    for (uuid, count) in old {
+        let (s, b) = call(
+            &r,
+            "POST",
+            &format!("/v1/counters/M/v/{uuid}/increment"),
+            Some(json!({ "count": count })),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+    }
+    manual.advance(chrono::Duration::hours(2));
+    let later = manual.now();
+    let events: Vec<Value> = new
+        .iter()
+        .map(|(uuid, count)| json!({"entity": "M", "action": "v", "uuid": uuid, "count": count}))
+        .collect();
+    let (s, b) = call(&r, "POST", "/v1/events", Some(json!({ "events": events }))).await;
+    assert_eq!(s, 200, "{b}");
+
+    // Where the buckets went, as the engine has them.
+    es.refresh().await;
+    let indices: Value = es
+        .http
+        .get(format!(
+            "{url}/_cat/indices/{}_default_histogram_counters-*?format=json&h=index,docs.count",
+            es.prefix
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut got: Vec<(String, String)> = indices
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["index"].as_str().unwrap().to_string(),
+                i["docs.count"].as_str().unwrap_or("?").to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    let index = |t: chrono::DateTime<chrono::Utc>| {
+        format!(
+            "{}_default_histogram_counters-{}",
+            es.prefix,
+            t.format("%Y.%m")
+        )
+    };
+    assert_eq!(
+        got,
+        [
+            (index(start), "3".to_string()),
+            (index(later), "2".to_string())
+        ],
+        "{indices}"
+    );
+
+    let (d0, d1) = (
+        start.format("%Y-%m-%d").to_string(),
+        later.format("%Y-%m-%d").to_string(),
+    );
+    let top = |b: &Value| -> Vec<(String, i64)> {
+        b["counters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["uuid"].as_str().unwrap().to_string(),
+                    c["value"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let list = |v: &[(&str, i64)]| -> Vec<(String, i64)> {
+        v.iter().map(|(u, n)| (u.to_string(), *n)).collect()
+    };
+    for path in [
+        "/v1/top/M/v?interval=last_week".to_string(),
+        format!("/v1/top/M/v?from={d0}&to={d1}"),
+        "/v1/top/M/v".to_string(),
+    ] {
+        let (s, b) = call(&r, "GET", &path, None).await;
+        assert_eq!(s, 200, "{path}: {b}");
+        assert_eq!(
+            top(&b),
+            list(&[("c", 13), ("b", 12), ("a", 10)]),
+            "{path}: {b}"
+        );
+        assert_eq!(b["exact"], json!(true), "{path}: {b}");
+    }
+    // A short list across the boundary: the order of the sums, not of
+    // either month.
+    let path = "/v1/top/M/v?interval=last_week&size=2";
+    let (s, b) = call(&r, "GET", path, None).await;
+    assert_eq!((s, &b["exact"]), (200, &json!(true)), "{b}");
+    assert_eq!(top(&b), list(&[("c", 13), ("b", 12)]), "{path}: {b}");
+    // One side of the boundary each.
+    for (day, want) in [
+        (&d0, list(&[("a", 10), ("b", 6), ("c", 1)])),
+        (&d1, list(&[("c", 12), ("b", 6)])),
+    ] {
+        let path = format!("/v1/top/M/v?from={day}&to={day}");
+        let (s, b) = call(&r, "GET", &path, None).await;
+        assert_eq!((s, &b["exact"]), (200, &json!(true)), "{path}: {b}");
+        assert_eq!(top(&b), want, "{path}: {b}");
+    }
+    // Histograms across the boundary.
+    for (uuid, buckets) in [
+        ("a", json!([{"day": d0, "value": 10}])),
+        (
+            "b",
+            json!([{"day": d0, "value": 6}, {"day": d1, "value": 6}]),
+        ),
+        (
+            "c",
+            json!([{"day": d0, "value": 1}, {"day": d1, "value": 12}]),
+        ),
+    ] {
+        let path = format!("/v1/counters/M/v/{uuid}/histogram?from={d0}&to={d1}");
+        let (s, b) = call(&r, "GET", &path, None).await;
+        assert_eq!(s, 200, "{path}: {b}");
+        let total: i64 = buckets
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["value"].as_i64().unwrap())
+            .sum();
+        assert_eq!(
+            (&b["buckets"], &b["total"]),
+            (&buckets, &json!(total)),
+            "{path}: {b}"
+        );
+        let path = format!("/v1/counters/M/v/{uuid}/histogram?interval=last_week");
+        let (_, b) = call(&r, "GET", &path, None).await;
+        assert_eq!(b["total"], json!(total), "{path}: {b}");
+    }
     es.cleanup().await;
 }
