@@ -53,6 +53,8 @@ struct State {
     bulks: Vec<Vec<String>>,
     /// Every bulk call's raw body and content type.
     raw: Vec<(String, Vec<u8>)>,
+    /// Every bulk call's query string.
+    bulk_queries: Vec<String>,
     /// Every other call: `METHOD path?query`.
     calls: Vec<String>,
     /// Every search: (index path, query string, body).
@@ -576,9 +578,10 @@ fn es(status: u16, body: Value) -> Response {
 }
 
 impl Fake {
-    fn bulk(&self, headers: &HeaderMap, body: Bytes) -> Response {
+    fn bulk(&self, query: &str, headers: &HeaderMap, body: Bytes) -> Response {
         let mut st = self.0.lock().unwrap();
         let call = st.bulks.len();
+        st.bulk_queries.push(query.to_string());
         let ct = headers
             .get("content-type")
             .map(|v| v.to_str().unwrap().to_string())
@@ -595,6 +598,15 @@ impl Fake {
             .collect();
         st.bulks.push(ids);
         if let Some((status, body)) = st.request_fault.as_ref().and_then(|f| f(call)) {
+            // A string body is a proxy's page, not the engine's JSON.
+            if let Value::String(page) = body {
+                return (
+                    StatusCode::from_u16(status).unwrap(),
+                    [("content-type", "text/html")],
+                    page,
+                )
+                    .into_response();
+            }
             return es(status, body);
         }
         let mut items = Vec::new();
@@ -653,7 +665,7 @@ impl Fake {
         let path = uri.path().to_string();
         let query = uri.query().unwrap_or("").to_string();
         if path == "/_bulk" {
-            return self.bulk(&headers, body);
+            return self.bulk(&query, &headers, body);
         }
         let mut st = self.0.lock().unwrap();
         st.calls.push(format!("{method} {path}?{query}"));
@@ -1029,6 +1041,73 @@ async fn a_bulk_refused_with_429_is_resent_whole_once_accepted() {
     );
     assert_eq!(fake.bulks().len(), 3);
     assert_eq!(fake.value(COUNTERS, &cid("a")), Some(1));
+}
+
+#[tokio::test]
+async fn a_bulk_refused_by_the_engine_with_503_is_resent() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let store = store_at(&format!("http://{addr}"));
+    fake.set_request_fault(|call| (call < 1).then(|| (503, fixture("bulk_request_503.json"))));
+    let out = store
+        .apply(WriteBatch {
+            requests: vec![vec![inc("a", 1, None)]],
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        out.requests,
+        vec![RequestOutcome::Applied { duplicates: 0 }]
+    );
+    assert_eq!(fake.bulks().len(), 2);
+    assert_eq!(fake.value(COUNTERS, &cid("a")), Some(1));
+}
+
+#[tokio::test]
+async fn a_bulk_a_proxy_answered_502_or_504_is_never_resent() {
+    // A proxy's 502/504 may come after the cluster applied the bulk:
+    // resending would count every event without an id twice.
+    let page = "<html><body><h1>504 Gateway Time-out</h1></body></html>";
+    for (status, body) in [
+        (502, json!(page)),
+        (504, json!(page)),
+        (503, json!({"message": "no healthy upstream"})),
+    ] {
+        let fake = Fake::default();
+        let addr = fake.start().await;
+        let store = store_at(&format!("http://{addr}"));
+        let answer = body.clone();
+        fake.set_request_fault(move |_| Some((status, answer.clone())));
+        let out = store
+            .apply(WriteBatch {
+                requests: vec![vec![inc("a", 1, None)]],
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(&out.requests[0], RequestOutcome::Failed { reason } if reason.contains("outcome unknown")),
+            "{status}: {:?}",
+            out.requests[0]
+        );
+        assert_eq!(fake.bulks().len(), 1, "{status} {body}: sent once");
+    }
+}
+
+#[tokio::test]
+async fn each_bulk_asks_the_engine_to_give_up_before_the_client_does() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    // The tests' client timeout is 5 s: the engine gets 4 s.
+    let store = store_at(&format!("http://{addr}"));
+    fake.set_request_fault(|call| (call < 1).then(|| (429, fixture("bulk_request_429.json"))));
+    store
+        .apply(WriteBatch {
+            requests: vec![vec![inc("a", 1, None)]],
+        })
+        .await
+        .unwrap();
+    let queries = fake.0.lock().unwrap().bulk_queries.clone();
+    assert_eq!(queries, vec!["timeout=4000ms", "timeout=4000ms"]);
 }
 
 #[tokio::test]

@@ -149,6 +149,27 @@ impl EsConfig {
     }
 }
 
+impl EsConfig {
+    /// The `timeout` sent with each `_bulk`: how long the engine may wait
+    /// for a shard's primary before it fails the items. It defaults to one
+    /// minute, longer than [`EsConfig::request_timeout`]: the gateway would
+    /// give up (outcome unknown) on a bulk that a slow primary then applies.
+    /// Below the client timeout by a fifth of it (1 to 5 s of margin), and at
+    /// least 1 s, so the engine answers first.
+    pub fn bulk_timeout(&self) -> Duration {
+        let margin =
+            (self.request_timeout / 5).clamp(Duration::from_secs(1), Duration::from_secs(5));
+        self.request_timeout
+            .saturating_sub(margin)
+            .max(Duration::from_secs(1))
+    }
+
+    /// [`EsConfig::bulk_timeout`] as the query parameter's value.
+    pub fn bulk_timeout_param(&self) -> String {
+        format!("{}ms", self.bulk_timeout().as_millis())
+    }
+}
+
 impl ElasticsearchArgs {
     /// The store configuration, or `None` when no URL selects Elasticsearch.
     pub fn to_config(&self, id_window: Duration) -> Result<Option<EsConfig>, String> {
@@ -204,6 +225,21 @@ mod tests {
             matches!(c.auth, Some(Auth::Basic { ref username, ref password }) if username == "elastic" && password == "hunter2")
         );
         assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn the_bulk_timeout_is_below_the_client_timeout() {
+        let mut c = EsConfig::new("http://x:9200", "cg", "default").unwrap();
+        assert_eq!(c.request_timeout, Duration::from_secs(30));
+        assert_eq!(c.bulk_timeout_param(), "25000ms");
+        for (client, server) in [(5, 4), (2, 1), (1, 1), (60, 55)] {
+            c.request_timeout = Duration::from_secs(client);
+            assert_eq!(
+                c.bulk_timeout(),
+                Duration::from_secs(server),
+                "client {client} s"
+            );
+        }
     }
 
     #[test]

@@ -197,6 +197,7 @@ impl ElasticsearchStore {
         let mut sent = 0;
         let mut waited = Duration::ZERO;
         let mut attempt = 0;
+        let timeout = self.config.bulk_timeout_param();
         let settle = |results: &mut Vec<Option<ItemResult>>, i: usize, class: ItemClass| {
             results[i] = Some(ItemResult {
                 class,
@@ -215,7 +216,7 @@ impl ElasticsearchStore {
                     .raw_call(
                         Method::Post,
                         "/_bulk",
-                        &[],
+                        &[("timeout", &timeout)],
                         Some(body),
                         Some("application/x-ndjson"),
                     )
