@@ -3,7 +3,11 @@
 //! Secrets never appear in `Debug` output, hence in no log line.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use elasticsearch::cert::{Certificate, CertificateValidation};
+use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
 
 use super::request::IndexNames;
 use super::retry::Backoff;
@@ -42,6 +46,15 @@ pub struct ElasticsearchArgs {
     )]
     pub api_key: Option<String>,
 
+    /// PEM file of the CA that signed the cluster's certificate (one or more
+    /// certificates), trusted besides the public roots: a default secured
+    /// Elasticsearch 8 serves a certificate of its own self-signed CA.
+    #[arg(
+        long = "elasticsearch-ca-cert",
+        env = "COUNTER_GATEWAY_ELASTICSEARCH_CA_CERT"
+    )]
+    pub ca_cert: Option<PathBuf>,
+
     /// First part of every index name: `<prefix>_<tenant>_<collection>`.
     #[arg(
         long,
@@ -63,6 +76,7 @@ impl fmt::Debug for ElasticsearchArgs {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("ca_cert", &self.ca_cert)
             .field("index_prefix", &self.index_prefix)
             .field("skip_setup", &self.skip_setup)
             .finish()
@@ -92,11 +106,66 @@ impl fmt::Debug for Auth {
     }
 }
 
+/// A CA certificate to trust, read and checked at start-up.
+#[derive(Clone)]
+pub struct CaCert {
+    pub path: PathBuf,
+    pem: Vec<u8>,
+}
+
+impl fmt::Debug for CaCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CaCert({})", self.path.display())
+    }
+}
+
+impl CaCert {
+    /// Reads `path` and checks that it holds PEM certificates the TLS
+    /// client accepts, so a bad file stops the start, naming the flag,
+    /// instead of failing every request.
+    pub fn read(path: &Path) -> Result<CaCert, String> {
+        let flag = "--elasticsearch-ca-cert";
+        let pem = std::fs::read(path)
+            .map_err(|e| format!("{flag} {}: cannot read it: {e}", path.display()))?;
+        let cert = CaCert {
+            path: path.to_path_buf(),
+            pem,
+        };
+        // The PEM blocks are only decoded when a client is built: build one
+        // (no I/O) to find out now.
+        let url =
+            elasticsearch::http::Url::parse("https://localhost:9200").map_err(|e| e.to_string())?;
+        TransportBuilder::new(SingleNodeConnectionPool::new(url))
+            .cert_validation(cert.validation()?)
+            .build()
+            .map_err(|e| {
+                format!(
+                    "{flag} {}: not a PEM CA certificate the TLS client accepts: {e}",
+                    path.display()
+                )
+            })?;
+        Ok(cert)
+    }
+
+    /// Full validation (chain and host name) against this CA.
+    pub fn validation(&self) -> Result<CertificateValidation, String> {
+        let chain = Certificate::from_pem(&self.pem).map_err(|e| {
+            format!(
+                "--elasticsearch-ca-cert {}: not a PEM certificate: {e}",
+                self.path.display()
+            )
+        })?;
+        Ok(CertificateValidation::Full(chain))
+    }
+}
+
 /// Everything the Elasticsearch store needs, validated.
 #[derive(Clone, Debug)]
 pub struct EsConfig {
     pub url: String,
     pub auth: Option<Auth>,
+    /// A private CA to trust (`--elasticsearch-ca-cert`).
+    pub ca_cert: Option<CaCert>,
     pub names: IndexNames,
     pub backoff: Backoff,
     /// Timeout of one HTTP request to Elasticsearch.
@@ -139,6 +208,7 @@ impl EsConfig {
         Ok(EsConfig {
             url: parsed.to_string(),
             auth,
+            ca_cert: None,
             names: IndexNames::new(prefix, tenant).map_err(|e| format!("--index-prefix: {e}"))?,
             backoff: Backoff::standard(),
             request_timeout: Duration::from_secs(30),
@@ -178,6 +248,7 @@ impl ElasticsearchArgs {
         };
         let mut c = EsConfig::new(url, &self.index_prefix, DEFAULT_TENANT)?;
         c.id_window = id_window;
+        c.ca_cert = self.ca_cert.as_deref().map(CaCert::read).transpose()?;
         let from_url = c.auth.take();
         c.auth = match (&self.username, &self.password, &self.api_key) {
             (Some(u), Some(p), None) => Some(Auth::Basic {
@@ -208,6 +279,7 @@ mod tests {
             username: Some("elastic".into()),
             password: Some("hunter2".into()),
             api_key: None,
+            ca_cert: None,
             index_prefix: "counter-gateway".into(),
             skip_setup: false,
         };
@@ -225,6 +297,49 @@ mod tests {
             matches!(c.auth, Some(Auth::Basic { ref username, ref password }) if username == "elastic" && password == "hunter2")
         );
         assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    fn with_ca(path: &Path) -> Result<Option<EsConfig>, String> {
+        ElasticsearchArgs {
+            url: Some("https://localhost:9200".into()),
+            username: None,
+            password: None,
+            api_key: None,
+            ca_cert: Some(path.to_path_buf()),
+            index_prefix: "counter-gateway".into(),
+            skip_setup: false,
+        }
+        .to_config(Duration::from_secs(1))
+    }
+
+    #[test]
+    fn a_ca_certificate_is_read_and_checked_at_start() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/es/test-ca.pem");
+        let c = with_ca(&fixture).unwrap().unwrap();
+        assert!(c.ca_cert.as_ref().unwrap().validation().is_ok());
+
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let e = with_ca(&missing).unwrap_err();
+        assert!(
+            e.contains("--elasticsearch-ca-cert") && e.contains("cannot read"),
+            "{e}"
+        );
+
+        let not_pem = dir.path().join("not.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let e = with_ca(&not_pem).unwrap_err();
+        assert!(e.contains("--elasticsearch-ca-cert"), "{e}");
+
+        // PEM markers around something that is not a certificate.
+        let bad_body = dir.path().join("bad.pem");
+        std::fs::write(
+            &bad_body,
+            "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let e = with_ca(&bad_body).unwrap_err();
+        assert!(e.contains("--elasticsearch-ca-cert"), "{e}");
     }
 
     #[test]

@@ -104,6 +104,9 @@ impl ElasticsearchStore {
             Some(Auth::ApiKey(key)) => builder.auth(Credentials::EncodedApiKey(key.clone())),
             None => builder,
         };
+        if let Some(ca) = &config.ca_cert {
+            builder = builder.cert_validation(ca.validation().map_err(StoreError::Internal)?);
+        }
         let transport = builder.build().map_err(|e| {
             StoreError::Internal(format!("cannot build the Elasticsearch client: {e}"))
         })?;
