@@ -25,6 +25,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         .to_config(args.idempotency_window)?
     {
         Some(es) => {
+            es.check_script_loops(args.max_events_per_request)?;
             let (url, prefix) = (es.url.clone(), es.names.prefix().to_string());
             // Templates and scripts are installed once, for every tenant.
             let store = ElasticsearchStore::open(es, clock.clone(), !args.elasticsearch.skip_setup)

@@ -1111,6 +1111,32 @@ async fn each_bulk_asks_the_engine_to_give_up_before_the_client_does() {
 }
 
 #[tokio::test]
+async fn a_flush_with_many_event_ids_is_sent_as_runs_that_bound_script_loops() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let store = store_at(&format!("http://{addr}"));
+    let request = |from: usize| -> Vec<Increment> {
+        (from..from + 6_000)
+            .map(|i| inc("a", 1, Some(&format!("e{i}"))))
+            .collect()
+    };
+    let out = store
+        .apply(WriteBatch {
+            requests: vec![request(0), request(6_000)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        out.requests,
+        vec![RequestOutcome::Applied { duplicates: 0 }; 2]
+    );
+    // 12,000 ids on one document: two bulks of 6,000 each, not one script
+    // run over all of them.
+    assert_eq!(fake.bulks().len(), 2);
+    assert_eq!(fake.value(COUNTERS, &cid("a")), Some(12_000));
+}
+
+#[tokio::test]
 async fn a_conflict_that_outlives_retry_on_conflict_is_retried() {
     let fake = Fake::default();
     let addr = fake.start().await;

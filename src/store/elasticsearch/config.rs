@@ -219,7 +219,50 @@ impl EsConfig {
     }
 }
 
+/// Painless stops a script after this many loop iterations (all loops of
+/// one run together).
+pub const PAINLESS_MAX_LOOP_COUNTER: u64 = 1_000_000;
+
 impl EsConfig {
+    /// The most loop iterations one run of a stored script can take, when a
+    /// document gets `events` events with an id and remembers up to
+    /// [`EsConfig::max_ids_per_doc`] ids. The scripts loop over the events
+    /// (E), then up to three times over the remembered ids (S): to find the
+    /// expired ones, after sorting to find the oldest past the cap, and to
+    /// remove them (E + 3S). The cap keeps every id of the newest run (they
+    /// share one timestamp), so S is at most the cap plus two runs' events.
+    pub fn painless_loop_worst_case(&self, events: usize) -> u64 {
+        let e = events as u64;
+        let s = u64::from(self.max_ids_per_doc) + 2 * e;
+        e + 3 * s
+    }
+
+    /// Refuses settings with which a script run could reach half of
+    /// Painless's loop limit: every item would then fail with a script
+    /// error. `max_events_per_request` (`--max-events-per-request`) sizes
+    /// the events one document gets in one bulk item, with
+    /// [`super::writes::MAX_ID_EVENTS_PER_PLAN`].
+    pub fn check_script_loops(&self, max_events_per_request: usize) -> Result<(), String> {
+        let events = max_events_per_request.max(super::writes::MAX_ID_EVENTS_PER_PLAN);
+        let worst = self.painless_loop_worst_case(events);
+        if worst > PAINLESS_MAX_LOOP_COUNTER / 2 {
+            return Err(format!(
+                "with --max-events-per-request {max_events_per_request} and {} remembered ids per document, \
+                 one Elasticsearch script run could loop {worst} times, too near Painless's limit of \
+                 {PAINLESS_MAX_LOOP_COUNTER}: lower --max-events-per-request (to at most {})",
+                self.max_ids_per_doc,
+                self.max_events_within_loop_limit()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The largest `--max-events-per-request` [`EsConfig::check_script_loops`] accepts.
+    fn max_events_within_loop_limit(&self) -> u64 {
+        // E + 3(M + 2E) <= L/2  <=>  E <= (L/2 - 3M) / 7
+        (PAINLESS_MAX_LOOP_COUNTER / 2).saturating_sub(3 * u64::from(self.max_ids_per_doc)) / 7
+    }
+
     /// The `timeout` sent with each `_bulk`: how long the engine may wait
     /// for a shard's primary before it fails the items. It defaults to one
     /// minute, longer than [`EsConfig::request_timeout`]: the gateway would
@@ -340,6 +383,23 @@ mod tests {
         .unwrap();
         let e = with_ca(&bad_body).unwrap_err();
         assert!(e.contains("--elasticsearch-ca-cert"), "{e}");
+    }
+
+    #[test]
+    fn script_loops_stay_well_under_the_painless_limit() {
+        let mut c = EsConfig::new("http://x:9200", "cg", "default").unwrap();
+        // The defaults: 10,000 events a request, 10,000 ids a document.
+        c.check_script_loops(10_000).unwrap();
+        assert!(c.painless_loop_worst_case(10_000) <= PAINLESS_MAX_LOOP_COUNTER / 5);
+        let limit = usize::try_from(c.max_events_within_loop_limit()).unwrap();
+        c.check_script_loops(limit).unwrap();
+        let e = c.check_script_loops(limit + 1).unwrap_err();
+        assert!(
+            e.contains("--max-events-per-request") && e.contains("1000000"),
+            "{e}"
+        );
+        c.max_ids_per_doc = 200_000;
+        assert!(c.check_script_loops(1).is_err());
     }
 
     #[test]
