@@ -32,6 +32,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())?;
             tracing::info!(%url, index_prefix = %prefix, "elasticsearch store open");
+            // Without ILM (OpenSearch) the gateway deletes expired bucket
+            // months itself, in the background, never on the write path.
+            let retention = Arc::new(
+                store
+                    .for_tenant(DEFAULT_TENANT)
+                    .map_err(|e| e.to_string())?,
+            );
+            tokio::spawn(retention.run_retention(args.retention_days));
             let base = store
                 .for_tenant(DEFAULT_TENANT)
                 .map_err(|e| e.to_string())?;

@@ -19,7 +19,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, Request, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Datelike, Utc};
 use counter_gateway::domain::{
     Clock, CounterKey, Increment, IncrementSpec, ManualClock, TimePolicy,
 };
@@ -61,6 +61,10 @@ struct State {
     searches: Vec<(String, String, Value)>,
     item_fault: Option<ItemFault>,
     request_fault: Option<RequestFault>,
+    /// Indices created by `PUT /<index>` or by a write.
+    indices: std::collections::HashSet<String>,
+    /// `action.auto_create_index: false`: a write to a missing index fails.
+    no_auto_create: bool,
 }
 
 #[derive(Clone, Default)]
@@ -623,7 +627,16 @@ impl Fake {
             }
             assert_eq!(meta["retry_on_conflict"], json!(5));
             assert_eq!(payload["scripted_upsert"], json!(true));
-            let fault = st.item_fault.as_ref().and_then(|f| f(call, &id));
+            let mut fault = st.item_fault.as_ref().and_then(|f| f(call, &id));
+            if fault.is_none() && st.no_auto_create && !st.indices.contains(&index) {
+                // As a node with automatic creation off answers.
+                fault = Some((
+                    404,
+                    json!({"type": "index_not_found_exception",
+                        "reason": format!("no such index [{index}] and [action.auto_create_index] is [false]"),
+                        "index_uuid": "_na_", "index": index}),
+                ));
+            }
             if let Some((status, error)) = fault {
                 errors = true;
                 items.push(json!({"update": {"_index": index, "_id": id, "status": status, "error": error}}));
@@ -642,6 +655,7 @@ impl Fake {
                 Ok(()) => {
                     let got = filtered(&src, &payload["_source"]["includes"]);
                     st.docs.insert(key, src);
+                    st.indices.insert(index.clone());
                     items.push(json!({"update": {
                         "_index": index, "_id": id, "_version": 1,
                         "result": if existed { "updated" } else { "created" },
@@ -677,6 +691,21 @@ impl Fake {
             }
             ("PUT", ["_scripts" | "_ilm" | "_component_template" | "_index_template", ..]) => {
                 es(200, json!({"acknowledged": true}))
+            }
+            ("PUT", [index]) if !index.starts_with('_') => {
+                if st.indices.insert(index.to_string()) {
+                    es(
+                        200,
+                        json!({"acknowledged": true, "shards_acknowledged": true, "index": index}),
+                    )
+                } else {
+                    let error = json!({"type": "resource_already_exists_exception",
+                        "reason": format!("index [{index}/hd9IfzcJQJSu3nEWZ1lpJg] already exists"),
+                        "index_uuid": "hd9IfzcJQJSu3nEWZ1lpJg", "index": index});
+                    let mut root = error.clone();
+                    root["root_cause"] = json!([error]);
+                    es(400, json!({"error": root, "status": 400}))
+                }
             }
             ("GET", [index, "_doc", id]) => match st.docs.get(&(index.to_string(), decode(id))) {
                 Some(src) => {
@@ -1136,6 +1165,97 @@ async fn a_flush_with_many_event_ids_is_sent_as_runs_that_bound_script_loops() {
     assert_eq!(fake.value(COUNTERS, &cid("a")), Some(12_000));
 }
 
+fn index_puts(fake: &Fake) -> Vec<String> {
+    let calls = fake.0.lock().unwrap().calls.clone();
+    calls
+        .into_iter()
+        .filter(|c| c.starts_with("PUT /counter-gateway_"))
+        .map(|c| {
+            c.trim_start_matches("PUT /")
+                .trim_end_matches('?')
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn bucket_indices_are_created_ahead_without_automatic_creation() {
+    let fake = Fake::default();
+    fake.0.lock().unwrap().no_auto_create = true;
+    // The counters indices exist (setup's operator made them); the monthly
+    // bucket indices are the store's to create.
+    for index in [COUNTERS, "counter-gateway_default_average_counters"] {
+        fake.0.lock().unwrap().indices.insert(index.into());
+    }
+    let addr = fake.start().await;
+    let clock = ManualClock::new(now());
+    let store = store_with_clock(&format!("http://{addr}"), clock.clock());
+    let month = |t: DateTime<Utc>| t.format("%Y.%m").to_string();
+    let next = now()
+        .date_naive()
+        .with_day(1)
+        .unwrap()
+        .checked_add_months(chrono::Months::new(1))
+        .unwrap()
+        .and_hms_opt(12, 0, 0)
+        .unwrap()
+        .and_utc();
+    let one = || WriteBatch {
+        requests: vec![vec![inc("a", 1, None)]],
+    };
+    let out = store.apply(one()).await.unwrap();
+    assert_eq!(
+        out.requests,
+        vec![RequestOutcome::Applied { duplicates: 0 }]
+    );
+    let this = month(now());
+    assert_eq!(
+        index_puts(&fake),
+        vec![
+            format!("counter-gateway_default_histogram_counters-{this}"),
+            format!("counter-gateway_default_average_histogram_counters-{this}"),
+            format!("counter-gateway_default_histogram_counters-{}", month(next)),
+            format!(
+                "counter-gateway_default_average_histogram_counters-{}",
+                month(next)
+            ),
+        ]
+    );
+    // The common flush: no round trip before the bulk.
+    store.apply(one()).await.unwrap();
+    assert_eq!(index_puts(&fake).len(), 4);
+    assert_eq!(fake.value(&today_buckets(), &bucket_id(&cid("a"))), Some(2));
+
+    // On the first day of the next month its index is there already; the
+    // month after is created, once, and an existing index is fine.
+    fake.0.lock().unwrap().indices.insert(format!(
+        "counter-gateway_default_histogram_counters-{}",
+        month(next + chrono::Months::new(1))
+    ));
+    clock.set(next);
+    let spec = IncrementSpec {
+        entity: "VIDEO",
+        action: "VIEW",
+        uuid: "a",
+        count: Some(1),
+        ..Default::default()
+    };
+    let late = Increment::from_spec(&spec, &TimePolicy::default(), next).unwrap();
+    let out = store
+        .apply(WriteBatch {
+            requests: vec![vec![late]],
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        out.requests,
+        vec![RequestOutcome::Applied { duplicates: 0 }]
+    );
+    assert_eq!(index_puts(&fake).len(), 6);
+    store.apply(one()).await.unwrap();
+    assert_eq!(index_puts(&fake).len(), 6);
+}
+
 #[tokio::test]
 async fn a_conflict_that_outlives_retry_on_conflict_is_retried() {
     let fake = Fake::default();
@@ -1330,9 +1450,12 @@ async fn a_lost_answer_is_never_resent() {
     tokio::spawn(async move {
         loop {
             let (mut sock, _) = listener.accept().await.unwrap();
-            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let mut buf = vec![0u8; 64 * 1024];
             let _ = tokio::io::AsyncReadExt::read(&mut sock, &mut buf).await;
+            // Bulks only: the indices created ahead get no answer either.
+            if buf.starts_with(b"POST /_bulk") {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
             drop(sock);
         }
     });

@@ -5,7 +5,8 @@
 //! Files by role, as in vector's Elasticsearch sink: [`config`] (flags and
 //! validated settings), [`client`] (one HTTP call, errors split by whether
 //! the request can have reached the cluster), [`setup`] and [`templates`]
-//! (what is installed), [`writes`] (a flush as `_bulk`, retries, overflow,
+//! (what is installed), [`indices`] (monthly bucket indices created ahead,
+//! expired ones deleted where there is no ILM), [`writes`] (a flush as `_bulk`, retries, overflow,
 //! deletes) with [`request`] (write bodies, pure) and [`response`]
 //! (classifying answers, pure), [`reads`] with [`query`] (read queries and
 //! their answers, pure; says what is exact), [`retry`] (back-off as a value).
@@ -52,6 +53,7 @@
 
 mod client;
 pub mod config;
+pub mod indices;
 pub mod query;
 mod reads;
 pub mod request;
@@ -87,6 +89,9 @@ pub struct ElasticsearchStore {
     jitter: Jitter,
     /// Read from `GET /` once ([`ElasticsearchStore::engine`]).
     engine: std::sync::OnceLock<templates::Engine>,
+    /// Months whose bucket indices this tenant's store created or found
+    /// ([`indices`]), at most [`indices::MAX_ENSURED_MONTHS`].
+    ensured_months: std::sync::Mutex<std::collections::BTreeSet<indices::Month>>,
 }
 
 impl ElasticsearchStore {
@@ -116,6 +121,7 @@ impl ElasticsearchStore {
             clock,
             jitter: Jitter::from_clock(),
             engine: std::sync::OnceLock::new(),
+            ensured_months: Default::default(),
         })
     }
 
@@ -152,6 +158,7 @@ impl ElasticsearchStore {
             clock: self.clock.clone(),
             jitter: Jitter::from_clock(),
             engine: self.engine.clone(),
+            ensured_months: Default::default(),
         })
     }
 }

@@ -51,6 +51,8 @@ impl ElasticsearchStore {
     /// Applies a flush as runs of requests ([`runs_by_id_events`]), one
     /// plan each, in order; almost every flush is one run.
     pub(super) async fn apply_batch(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        let all: Vec<&[Increment]> = batch.requests.iter().map(Vec::as_slice).collect();
+        self.ensure_bucket_indices(&all).await;
         let ids: Vec<usize> = batch
             .requests
             .iter()
