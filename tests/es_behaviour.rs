@@ -65,6 +65,8 @@ struct State {
     indices: std::collections::HashSet<String>,
     /// `action.auto_create_index: false`: a write to a missing index fails.
     no_auto_create: bool,
+    /// `PUT /<index>` is refused (the user lacks `create_index`).
+    refuse_create: bool,
 }
 
 #[derive(Clone, Default)]
@@ -693,6 +695,13 @@ impl Fake {
                 es(200, json!({"acknowledged": true}))
             }
             ("PUT", [index]) if !index.starts_with('_') => {
+                if st.refuse_create {
+                    let error = json!({"type": "security_exception",
+                        "reason": format!("action [indices:admin/create] is unauthorized for user [gw] on indices [{index}]")});
+                    let mut root = error.clone();
+                    root["root_cause"] = json!([error]);
+                    return es(403, json!({"error": root, "status": 403}));
+                }
                 if st.indices.insert(index.to_string()) {
                     es(
                         200,
@@ -1254,6 +1263,30 @@ async fn bucket_indices_are_created_ahead_without_automatic_creation() {
     assert_eq!(index_puts(&fake).len(), 6);
     store.apply(one()).await.unwrap();
     assert_eq!(index_puts(&fake).len(), 6);
+}
+
+#[tokio::test]
+async fn a_refused_index_creation_does_not_fail_writes_automatic_creation_allows() {
+    let fake = Fake::default();
+    fake.0.lock().unwrap().refuse_create = true;
+    let addr = fake.start().await;
+    let store = store_at(&format!("http://{addr}"));
+    for flush in 1..=2 {
+        let out = store
+            .apply(WriteBatch {
+                requests: vec![vec![inc("a", 1, None)]],
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            out.requests,
+            vec![RequestOutcome::Applied { duplicates: 0 }]
+        );
+        // One attempt per flush (the first failure ends it), tried again
+        // at the next flush since nothing was made sure of.
+        assert_eq!(index_puts(&fake).len(), flush);
+    }
+    assert_eq!(fake.value(&today_buckets(), &bucket_id(&cid("a"))), Some(2));
 }
 
 #[tokio::test]

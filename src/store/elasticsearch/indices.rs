@@ -104,6 +104,8 @@ impl ElasticsearchStore {
     /// store has not yet made sure of (see the module doc). A failure is
     /// logged, not returned: where automatic creation is allowed the writes
     /// still succeed, and where it is not they fail with their own error.
+    /// The first failure ends the attempt (the rest is tried at the next
+    /// flush), so a hung cluster delays a flush by one call, not one per index.
     pub(super) async fn ensure_bucket_indices(&self, increments: &[&[Increment]]) {
         let today = self.clock.now_ms().div_euclid(86_400_000);
         let days = increments.iter().flat_map(|r| r.iter().map(|i| i.day));
@@ -119,22 +121,19 @@ impl ElasticsearchStore {
                 continue;
             };
             let names = &self.config.names;
-            let mut ok = true;
             for index in [names.buckets(day), names.average_buckets(day)] {
                 if let Err(e) = self.create_index(&index).await {
                     tracing::warn!(%index, error = %e, "could not create a bucket index ahead of writes");
-                    ok = false;
+                    return;
                 }
             }
-            if ok {
-                let mut ensured = self
-                    .ensured_months
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                ensured.insert(month);
-                while ensured.len() > MAX_ENSURED_MONTHS {
-                    ensured.pop_first();
-                }
+            let mut ensured = self
+                .ensured_months
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            ensured.insert(month);
+            while ensured.len() > MAX_ENSURED_MONTHS {
+                ensured.pop_first();
             }
         }
     }
