@@ -67,6 +67,8 @@ struct State {
     no_auto_create: bool,
     /// `PUT /<index>` is refused (the user lacks `create_index`).
     refuse_create: bool,
+    /// `GET /` answers as OpenSearch 2.19 (no ILM).
+    opensearch: bool,
 }
 
 #[derive(Clone, Default)]
@@ -687,7 +689,31 @@ impl Fake {
         st.calls.push(format!("{method} {path}?{query}"));
         let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         match (method.as_str(), parts.as_slice()) {
+            ("GET", [""]) if st.opensearch => es(200, fixture("root_opensearch.json")),
             ("GET", [""]) => es(200, fixture("root.json")),
+            ("GET", ["_cat", "indices", pattern]) => {
+                let mut names: Vec<&String> = st
+                    .indices
+                    .iter()
+                    .filter(|i| index_matches(pattern, i))
+                    .collect();
+                names.sort();
+                es(
+                    200,
+                    json!(names
+                        .iter()
+                        .map(|i| json!({"index": i}))
+                        .collect::<Vec<_>>()),
+                )
+            }
+            ("DELETE", [index]) if !index.contains('*') && !index.starts_with('_') => {
+                if st.indices.remove(*index) {
+                    st.docs.retain(|(i, _), _| i != index);
+                    es(200, json!({"acknowledged": true}))
+                } else {
+                    es(404, fixture("get_index_missing.json"))
+                }
+            }
             ("GET", ["_scripts" | "_ilm" | "_component_template" | "_index_template", ..]) => {
                 es(404, json!({}))
             }
@@ -1287,6 +1313,44 @@ async fn a_refused_index_creation_does_not_fail_writes_automatic_creation_allows
         assert_eq!(index_puts(&fake).len(), flush);
     }
     assert_eq!(fake.value(&today_buckets(), &bucket_id(&cid("a"))), Some(2));
+}
+
+#[tokio::test]
+async fn without_ilm_the_store_deletes_expired_bucket_months_in_the_background() {
+    let month = |months_ago: u32| (now() - chrono::Months::new(months_ago)).format("%Y.%m");
+    let expired = format!("counter-gateway_default_histogram_counters-{}", month(15));
+    let kept = format!("counter-gateway_default_histogram_counters-{}", month(12));
+    for opensearch in [false, true] {
+        let fake = Fake::default();
+        {
+            let mut st = fake.0.lock().unwrap();
+            st.opensearch = opensearch;
+            st.indices.insert(expired.clone());
+            st.indices.insert(kept.clone());
+            st.indices.insert(COUNTERS.into());
+        }
+        let addr = fake.start().await;
+        let store = store_at(&format!("http://{addr}"));
+        let task = tokio::spawn(store.run_retention(400));
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        if opensearch {
+            // The first sweep runs at start; the task then sleeps till tomorrow.
+            while fake.0.lock().unwrap().indices.contains(&expired) {
+                assert!(std::time::Instant::now() < deadline, "not deleted");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            task.abort();
+        } else {
+            // Elasticsearch: the ILM policy deletes; the task ends at once.
+            tokio::time::timeout(Duration::from_secs(3), task)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let st = fake.0.lock().unwrap();
+        assert_eq!(st.indices.contains(&expired), !opensearch);
+        assert!(st.indices.contains(&kept) && st.indices.contains(COUNTERS));
+    }
 }
 
 #[tokio::test]

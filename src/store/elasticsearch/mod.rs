@@ -29,7 +29,8 @@
 //!   (`--idempotency-window`) and the per-document cap (10,000 ids, oldest
 //!   forgotten first) remember it.
 //! - An answer lost in transit (timeout, reset connection after the request
-//!   was sent) leaves the outcome unknown: those items are never resent
+//!   was sent, a whole `_bulk` answered 502/504 or a non-engine 5xx by a
+//!   proxy) leaves the outcome unknown: those items are never resent
 //!   (resending an applied increment double-counts); the requests fail, and
 //!   only an event id makes their retry safe. Connection refused is known
 //!   not to have reached the cluster and is retried within the budget.
