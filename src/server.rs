@@ -25,12 +25,21 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         .to_config(args.idempotency_window)?
     {
         Some(es) => {
+            es.check_script_loops(args.max_events_per_request)?;
             let (url, prefix) = (es.url.clone(), es.names.prefix().to_string());
             // Templates and scripts are installed once, for every tenant.
             let store = ElasticsearchStore::open(es, clock.clone(), !args.elasticsearch.skip_setup)
                 .await
                 .map_err(|e| e.to_string())?;
             tracing::info!(%url, index_prefix = %prefix, "elasticsearch store open");
+            // Without ILM (OpenSearch) the gateway deletes expired bucket
+            // months itself, in the background, never on the write path.
+            let retention = Arc::new(
+                store
+                    .for_tenant(DEFAULT_TENANT)
+                    .map_err(|e| e.to_string())?,
+            );
+            tokio::spawn(retention.run_retention(args.retention_days));
             let base = store
                 .for_tenant(DEFAULT_TENANT)
                 .map_err(|e| e.to_string())?;

@@ -19,7 +19,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, Request, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Datelike, Utc};
 use counter_gateway::domain::{
     Clock, CounterKey, Increment, IncrementSpec, ManualClock, TimePolicy,
 };
@@ -53,12 +53,22 @@ struct State {
     bulks: Vec<Vec<String>>,
     /// Every bulk call's raw body and content type.
     raw: Vec<(String, Vec<u8>)>,
+    /// Every bulk call's query string.
+    bulk_queries: Vec<String>,
     /// Every other call: `METHOD path?query`.
     calls: Vec<String>,
     /// Every search: (index path, query string, body).
     searches: Vec<(String, String, Value)>,
     item_fault: Option<ItemFault>,
     request_fault: Option<RequestFault>,
+    /// Indices created by `PUT /<index>` or by a write.
+    indices: std::collections::HashSet<String>,
+    /// `action.auto_create_index: false`: a write to a missing index fails.
+    no_auto_create: bool,
+    /// `PUT /<index>` is refused (the user lacks `create_index`).
+    refuse_create: bool,
+    /// `GET /` answers as OpenSearch 2.19 (no ILM).
+    opensearch: bool,
 }
 
 #[derive(Clone, Default)]
@@ -576,9 +586,10 @@ fn es(status: u16, body: Value) -> Response {
 }
 
 impl Fake {
-    fn bulk(&self, headers: &HeaderMap, body: Bytes) -> Response {
+    fn bulk(&self, query: &str, headers: &HeaderMap, body: Bytes) -> Response {
         let mut st = self.0.lock().unwrap();
         let call = st.bulks.len();
+        st.bulk_queries.push(query.to_string());
         let ct = headers
             .get("content-type")
             .map(|v| v.to_str().unwrap().to_string())
@@ -595,6 +606,15 @@ impl Fake {
             .collect();
         st.bulks.push(ids);
         if let Some((status, body)) = st.request_fault.as_ref().and_then(|f| f(call)) {
+            // A string body is a proxy's page, not the engine's JSON.
+            if let Value::String(page) = body {
+                return (
+                    StatusCode::from_u16(status).unwrap(),
+                    [("content-type", "text/html")],
+                    page,
+                )
+                    .into_response();
+            }
             return es(status, body);
         }
         let mut items = Vec::new();
@@ -611,7 +631,16 @@ impl Fake {
             }
             assert_eq!(meta["retry_on_conflict"], json!(5));
             assert_eq!(payload["scripted_upsert"], json!(true));
-            let fault = st.item_fault.as_ref().and_then(|f| f(call, &id));
+            let mut fault = st.item_fault.as_ref().and_then(|f| f(call, &id));
+            if fault.is_none() && st.no_auto_create && !st.indices.contains(&index) {
+                // As a node with automatic creation off answers.
+                fault = Some((
+                    404,
+                    json!({"type": "index_not_found_exception",
+                        "reason": format!("no such index [{index}] and [action.auto_create_index] is [false]"),
+                        "index_uuid": "_na_", "index": index}),
+                ));
+            }
             if let Some((status, error)) = fault {
                 errors = true;
                 items.push(json!({"update": {"_index": index, "_id": id, "status": status, "error": error}}));
@@ -630,6 +659,7 @@ impl Fake {
                 Ok(()) => {
                     let got = filtered(&src, &payload["_source"]["includes"]);
                     st.docs.insert(key, src);
+                    st.indices.insert(index.clone());
                     items.push(json!({"update": {
                         "_index": index, "_id": id, "_version": 1,
                         "result": if existed { "updated" } else { "created" },
@@ -653,18 +683,64 @@ impl Fake {
         let path = uri.path().to_string();
         let query = uri.query().unwrap_or("").to_string();
         if path == "/_bulk" {
-            return self.bulk(&headers, body);
+            return self.bulk(&query, &headers, body);
         }
         let mut st = self.0.lock().unwrap();
         st.calls.push(format!("{method} {path}?{query}"));
         let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         match (method.as_str(), parts.as_slice()) {
+            ("GET", [""]) if st.opensearch => es(200, fixture("root_opensearch.json")),
             ("GET", [""]) => es(200, fixture("root.json")),
+            ("GET", ["_cat", "indices", pattern]) => {
+                let mut names: Vec<&String> = st
+                    .indices
+                    .iter()
+                    .filter(|i| index_matches(pattern, i))
+                    .collect();
+                names.sort();
+                es(
+                    200,
+                    json!(names
+                        .iter()
+                        .map(|i| json!({"index": i}))
+                        .collect::<Vec<_>>()),
+                )
+            }
+            ("DELETE", [index]) if !index.contains('*') && !index.starts_with('_') => {
+                if st.indices.remove(*index) {
+                    st.docs.retain(|(i, _), _| i != index);
+                    es(200, json!({"acknowledged": true}))
+                } else {
+                    es(404, fixture("get_index_missing.json"))
+                }
+            }
             ("GET", ["_scripts" | "_ilm" | "_component_template" | "_index_template", ..]) => {
                 es(404, json!({}))
             }
             ("PUT", ["_scripts" | "_ilm" | "_component_template" | "_index_template", ..]) => {
                 es(200, json!({"acknowledged": true}))
+            }
+            ("PUT", [index]) if !index.starts_with('_') => {
+                if st.refuse_create {
+                    let error = json!({"type": "security_exception",
+                        "reason": format!("action [indices:admin/create] is unauthorized for user [gw] on indices [{index}]")});
+                    let mut root = error.clone();
+                    root["root_cause"] = json!([error]);
+                    return es(403, json!({"error": root, "status": 403}));
+                }
+                if st.indices.insert(index.to_string()) {
+                    es(
+                        200,
+                        json!({"acknowledged": true, "shards_acknowledged": true, "index": index}),
+                    )
+                } else {
+                    let error = json!({"type": "resource_already_exists_exception",
+                        "reason": format!("index [{index}/hd9IfzcJQJSu3nEWZ1lpJg] already exists"),
+                        "index_uuid": "hd9IfzcJQJSu3nEWZ1lpJg", "index": index});
+                    let mut root = error.clone();
+                    root["root_cause"] = json!([error]);
+                    es(400, json!({"error": root, "status": 400}))
+                }
             }
             ("GET", [index, "_doc", id]) => match st.docs.get(&(index.to_string(), decode(id))) {
                 Some(src) => {
@@ -1032,6 +1108,252 @@ async fn a_bulk_refused_with_429_is_resent_whole_once_accepted() {
 }
 
 #[tokio::test]
+async fn a_bulk_refused_by_the_engine_with_503_is_resent() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let store = store_at(&format!("http://{addr}"));
+    fake.set_request_fault(|call| (call < 1).then(|| (503, fixture("bulk_request_503.json"))));
+    let out = store
+        .apply(WriteBatch {
+            requests: vec![vec![inc("a", 1, None)]],
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        out.requests,
+        vec![RequestOutcome::Applied { duplicates: 0 }]
+    );
+    assert_eq!(fake.bulks().len(), 2);
+    assert_eq!(fake.value(COUNTERS, &cid("a")), Some(1));
+}
+
+#[tokio::test]
+async fn a_bulk_a_proxy_answered_502_or_504_is_never_resent() {
+    // A proxy's 502/504 may come after the cluster applied the bulk:
+    // resending would count every event without an id twice.
+    let page = "<html><body><h1>504 Gateway Time-out</h1></body></html>";
+    for (status, body) in [
+        (502, json!(page)),
+        (504, json!(page)),
+        (503, json!({"message": "no healthy upstream"})),
+    ] {
+        let fake = Fake::default();
+        let addr = fake.start().await;
+        let store = store_at(&format!("http://{addr}"));
+        let answer = body.clone();
+        fake.set_request_fault(move |_| Some((status, answer.clone())));
+        let out = store
+            .apply(WriteBatch {
+                requests: vec![vec![inc("a", 1, None)]],
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(&out.requests[0], RequestOutcome::Failed { reason } if reason.contains("outcome unknown")),
+            "{status}: {:?}",
+            out.requests[0]
+        );
+        assert_eq!(fake.bulks().len(), 1, "{status} {body}: sent once");
+    }
+}
+
+#[tokio::test]
+async fn each_bulk_asks_the_engine_to_give_up_before_the_client_does() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    // The tests' client timeout is 5 s: the engine gets 4 s.
+    let store = store_at(&format!("http://{addr}"));
+    fake.set_request_fault(|call| (call < 1).then(|| (429, fixture("bulk_request_429.json"))));
+    store
+        .apply(WriteBatch {
+            requests: vec![vec![inc("a", 1, None)]],
+        })
+        .await
+        .unwrap();
+    let queries = fake.0.lock().unwrap().bulk_queries.clone();
+    assert_eq!(queries, vec!["timeout=4000ms", "timeout=4000ms"]);
+}
+
+#[tokio::test]
+async fn a_flush_with_many_event_ids_is_sent_as_runs_that_bound_script_loops() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let store = store_at(&format!("http://{addr}"));
+    let request = |from: usize| -> Vec<Increment> {
+        (from..from + 6_000)
+            .map(|i| inc("a", 1, Some(&format!("e{i}"))))
+            .collect()
+    };
+    let out = store
+        .apply(WriteBatch {
+            requests: vec![request(0), request(6_000)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        out.requests,
+        vec![RequestOutcome::Applied { duplicates: 0 }; 2]
+    );
+    // 12,000 ids on one document: two bulks of 6,000 each, not one script
+    // run over all of them.
+    assert_eq!(fake.bulks().len(), 2);
+    assert_eq!(fake.value(COUNTERS, &cid("a")), Some(12_000));
+}
+
+fn index_puts(fake: &Fake) -> Vec<String> {
+    let calls = fake.0.lock().unwrap().calls.clone();
+    calls
+        .into_iter()
+        .filter(|c| c.starts_with("PUT /counter-gateway_"))
+        .map(|c| {
+            c.trim_start_matches("PUT /")
+                .trim_end_matches('?')
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn bucket_indices_are_created_ahead_without_automatic_creation() {
+    let fake = Fake::default();
+    fake.0.lock().unwrap().no_auto_create = true;
+    // The counters indices exist (setup's operator made them); the monthly
+    // bucket indices are the store's to create.
+    for index in [COUNTERS, "counter-gateway_default_average_counters"] {
+        fake.0.lock().unwrap().indices.insert(index.into());
+    }
+    let addr = fake.start().await;
+    let clock = ManualClock::new(now());
+    let store = store_with_clock(&format!("http://{addr}"), clock.clock());
+    let month = |t: DateTime<Utc>| t.format("%Y.%m").to_string();
+    let next = now()
+        .date_naive()
+        .with_day(1)
+        .unwrap()
+        .checked_add_months(chrono::Months::new(1))
+        .unwrap()
+        .and_hms_opt(12, 0, 0)
+        .unwrap()
+        .and_utc();
+    let one = || WriteBatch {
+        requests: vec![vec![inc("a", 1, None)]],
+    };
+    let out = store.apply(one()).await.unwrap();
+    assert_eq!(
+        out.requests,
+        vec![RequestOutcome::Applied { duplicates: 0 }]
+    );
+    let this = month(now());
+    assert_eq!(
+        index_puts(&fake),
+        vec![
+            format!("counter-gateway_default_histogram_counters-{this}"),
+            format!("counter-gateway_default_average_histogram_counters-{this}"),
+            format!("counter-gateway_default_histogram_counters-{}", month(next)),
+            format!(
+                "counter-gateway_default_average_histogram_counters-{}",
+                month(next)
+            ),
+        ]
+    );
+    // The common flush: no round trip before the bulk.
+    store.apply(one()).await.unwrap();
+    assert_eq!(index_puts(&fake).len(), 4);
+    assert_eq!(fake.value(&today_buckets(), &bucket_id(&cid("a"))), Some(2));
+
+    // On the first day of the next month its index is there already; the
+    // month after is created, once, and an existing index is fine.
+    fake.0.lock().unwrap().indices.insert(format!(
+        "counter-gateway_default_histogram_counters-{}",
+        month(next + chrono::Months::new(1))
+    ));
+    clock.set(next);
+    let spec = IncrementSpec {
+        entity: "VIDEO",
+        action: "VIEW",
+        uuid: "a",
+        count: Some(1),
+        ..Default::default()
+    };
+    let late = Increment::from_spec(&spec, &TimePolicy::default(), next).unwrap();
+    let out = store
+        .apply(WriteBatch {
+            requests: vec![vec![late]],
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        out.requests,
+        vec![RequestOutcome::Applied { duplicates: 0 }]
+    );
+    assert_eq!(index_puts(&fake).len(), 6);
+    store.apply(one()).await.unwrap();
+    assert_eq!(index_puts(&fake).len(), 6);
+}
+
+#[tokio::test]
+async fn a_refused_index_creation_does_not_fail_writes_automatic_creation_allows() {
+    let fake = Fake::default();
+    fake.0.lock().unwrap().refuse_create = true;
+    let addr = fake.start().await;
+    let store = store_at(&format!("http://{addr}"));
+    for flush in 1..=2 {
+        let out = store
+            .apply(WriteBatch {
+                requests: vec![vec![inc("a", 1, None)]],
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            out.requests,
+            vec![RequestOutcome::Applied { duplicates: 0 }]
+        );
+        // One attempt per flush (the first failure ends it), tried again
+        // at the next flush since nothing was made sure of.
+        assert_eq!(index_puts(&fake).len(), flush);
+    }
+    assert_eq!(fake.value(&today_buckets(), &bucket_id(&cid("a"))), Some(2));
+}
+
+#[tokio::test]
+async fn without_ilm_the_store_deletes_expired_bucket_months_in_the_background() {
+    let month = |months_ago: u32| (now() - chrono::Months::new(months_ago)).format("%Y.%m");
+    let expired = format!("counter-gateway_default_histogram_counters-{}", month(15));
+    let kept = format!("counter-gateway_default_histogram_counters-{}", month(12));
+    for opensearch in [false, true] {
+        let fake = Fake::default();
+        {
+            let mut st = fake.0.lock().unwrap();
+            st.opensearch = opensearch;
+            st.indices.insert(expired.clone());
+            st.indices.insert(kept.clone());
+            st.indices.insert(COUNTERS.into());
+        }
+        let addr = fake.start().await;
+        let store = store_at(&format!("http://{addr}"));
+        let task = tokio::spawn(store.run_retention(400));
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        if opensearch {
+            // The first sweep runs at start; the task then sleeps till tomorrow.
+            while fake.0.lock().unwrap().indices.contains(&expired) {
+                assert!(std::time::Instant::now() < deadline, "not deleted");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            task.abort();
+        } else {
+            // Elasticsearch: the ILM policy deletes; the task ends at once.
+            tokio::time::timeout(Duration::from_secs(3), task)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let st = fake.0.lock().unwrap();
+        assert_eq!(st.indices.contains(&expired), !opensearch);
+        assert!(st.indices.contains(&kept) && st.indices.contains(COUNTERS));
+    }
+}
+
+#[tokio::test]
 async fn a_conflict_that_outlives_retry_on_conflict_is_retried() {
     let fake = Fake::default();
     let addr = fake.start().await;
@@ -1225,9 +1547,12 @@ async fn a_lost_answer_is_never_resent() {
     tokio::spawn(async move {
         loop {
             let (mut sock, _) = listener.accept().await.unwrap();
-            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let mut buf = vec![0u8; 64 * 1024];
             let _ = tokio::io::AsyncReadExt::read(&mut sock, &mut buf).await;
+            // Bulks only: the indices created ahead get no answer either.
+            if buf.starts_with(b"POST /_bulk") {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
             drop(sock);
         }
     });

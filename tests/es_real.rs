@@ -1028,3 +1028,122 @@ async fn a_month_change_splits_buckets_and_windows_still_add_up() {
     }
     es.cleanup().await;
 }
+
+/// The indices' shared settings keep a one-node cluster green:
+/// `auto_expand_replicas` drops the replica no second node could hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn indices_are_green_on_one_node() {
+    let (es, r) = start().await;
+    let (status, body) = call(&r, "POST", "/v1/counters/VIDEO/VIEW/a/increment", None).await;
+    assert_eq!(status, 200, "{body}");
+    let health: Value = es
+        .http
+        .get(format!(
+            "{}/_cluster/health/{}_*?wait_for_status=green&timeout=20s",
+            es.url, es.prefix
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    es.cleanup().await;
+    assert_eq!(health["status"], "green", "{health}");
+}
+
+/// With automatic creation of this prefix's bucket indices refused, writes
+/// still succeed: the store creates the month's indices itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn writes_do_not_need_automatic_index_creation() {
+    let (es, r) = start().await;
+    let setting = |value: Value| {
+        let es = &es;
+        async move {
+            let resp = es
+                .http
+                .put(format!("{}/_cluster/settings", es.url))
+                .json(&json!({"persistent": {"action.auto_create_index": value}}))
+                .send()
+                .await
+                .unwrap();
+            assert!(resp.status().is_success(), "{}", resp.text().await.unwrap());
+        }
+    };
+    // Only this test's bucket indices: tests running alongside are not affected.
+    setting(json!(format!("-{}_*_histogram_counters-*,+*", es.prefix))).await;
+    let (status, body) = call(&r, "POST", "/v1/counters/VIDEO/VIEW/a/increment", None).await;
+    setting(Value::Null).await;
+    let month = common::test_now().format("%Y.%m");
+    let next = (common::test_now() + chrono::Months::new(1)).format("%Y.%m");
+    let mut missing = Vec::new();
+    for collection in ["histogram_counters", "average_histogram_counters"] {
+        for m in [month.to_string(), next.to_string()] {
+            let index = format!("{}_default_{collection}-{m}", es.prefix);
+            let s = es
+                .http
+                .head(format!("{}/{index}", es.url))
+                .send()
+                .await
+                .unwrap()
+                .status();
+            if s != 200 {
+                missing.push(index);
+            }
+        }
+    }
+    let buckets = es.count("default_histogram_counters-*").await;
+    es.cleanup().await;
+    assert_eq!(status, 200, "{body}");
+    assert!(missing.is_empty(), "not created ahead: {missing:?}");
+    assert_eq!(buckets, 1);
+}
+
+/// Without ILM (OpenSearch) the gateway deletes bucket months past the
+/// retention; months still inside it and other indices stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn expired_bucket_months_are_deleted() {
+    let url = cluster().await;
+    let es = Es {
+        url: url.clone(),
+        prefix: prefix(),
+        http: reqwest::Client::new(),
+    };
+    let cfg = EsConfig::new(&url, &es.prefix, "default").unwrap();
+    let store = ElasticsearchStore::open(cfg, clock(), true).await.unwrap();
+    let old = (common::test_now() - chrono::Months::new(15)).format("%Y.%m");
+    let kept = (common::test_now() - chrono::Months::new(12)).format("%Y.%m");
+    let expired = format!("{}_default_histogram_counters-{old}", es.prefix);
+    let expired_avg = format!("{}_t2_average_histogram_counters-{old}", es.prefix);
+    let recent = format!("{}_default_histogram_counters-{kept}", es.prefix);
+    for index in [&expired, &expired_avg, &recent] {
+        let resp = es.http.put(format!("{url}/{index}")).send().await.unwrap();
+        assert!(resp.status().is_success(), "{}", resp.text().await.unwrap());
+    }
+    let deleted = store.delete_expired_buckets(400).await;
+    let exists = |index: String| {
+        let es = &es;
+        async move {
+            es.http
+                .head(format!("{}/{index}", es.url))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let after = (
+        exists(expired.clone()).await,
+        exists(expired_avg.clone()).await,
+        exists(recent.clone()).await,
+    );
+    es.cleanup().await;
+    let mut want = vec![expired, expired_avg];
+    want.sort();
+    assert_eq!(deleted, Ok(want));
+    assert_eq!(after, (404, 404, 200));
+}

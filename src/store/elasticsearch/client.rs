@@ -10,7 +10,6 @@ use super::{query, ElasticsearchStore};
 use crate::store::StoreError;
 
 /// A transport failure, split by whether the request may have reached the cluster.
-/// A transport failure, split by whether the request may have reached the cluster.
 pub(super) struct TransportError {
     /// Nothing was sent (connection refused, DNS): safe to resend.
     pub not_sent: bool,
@@ -91,10 +90,14 @@ impl ElasticsearchStore {
     }
 }
 
-/// Splits a client error by whether the request can have left this process.
+/// Splits a client error by whether the request can have left this process,
+/// from the typed errors of its source chain (never their wording, which
+/// changes between versions): the HTTP client's `is_connect` (refused, DNS,
+/// TLS handshake: no byte of the request was sent) or an I/O error of a
+/// connection that never opened. A timeout or a reset after connecting is
+/// not proof that nothing was sent.
 pub(super) fn transport_error(e: elasticsearch::Error) -> TransportError {
     let mut message = e.to_string();
-    let mut not_sent = false;
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
     while let Some(s) = source {
         let text = s.to_string();
@@ -102,20 +105,34 @@ pub(super) fn transport_error(e: elasticsearch::Error) -> TransportError {
             message.push_str(": ");
             message.push_str(&text);
         }
+        source = s.source();
+    }
+    TransportError {
+        not_sent: never_sent(&e),
+        message,
+    }
+}
+
+/// Whether an error's source chain proves that the request never left.
+pub(super) fn never_sent(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(s) = source {
+        if let Some(http) = s.downcast_ref::<reqwest::Error>() {
+            if http.is_connect() {
+                return true;
+            }
+        }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             if matches!(
                 io.kind(),
                 std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::AddrNotAvailable
             ) {
-                not_sent = true;
+                return true;
             }
-        }
-        if text.contains("error trying to connect") || text.contains("Connection refused") {
-            not_sent = true;
         }
         source = s.source();
     }
-    TransportError { not_sent, message }
+    false
 }
 
 /// The `routing` of a read of one counter's buckets, which were written
@@ -137,5 +154,40 @@ pub(super) fn status_error(status: u16, message: String) -> StoreError {
         StoreError::Unavailable(message)
     } else {
         StoreError::Internal(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Wrapper(std::io::Error);
+
+    impl std::fmt::Display for Wrapper {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            // Worded like nothing the old text match knew.
+            f.write_str("transport failed")
+        }
+    }
+
+    impl std::error::Error for Wrapper {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_refused_connection_is_known_by_its_kind_not_its_wording() {
+        let refused = Wrapper(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "nope",
+        ));
+        assert!(never_sent(&refused));
+        let reset = Wrapper(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "error trying to connect: Connection refused",
+        ));
+        assert!(!never_sent(&reset), "the wording proves nothing");
     }
 }

@@ -3,7 +3,11 @@
 //! Secrets never appear in `Debug` output, hence in no log line.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use elasticsearch::cert::{Certificate, CertificateValidation};
+use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
 
 use super::request::IndexNames;
 use super::retry::Backoff;
@@ -42,6 +46,15 @@ pub struct ElasticsearchArgs {
     )]
     pub api_key: Option<String>,
 
+    /// PEM file of the CA that signed the cluster's certificate (one or more
+    /// certificates), trusted besides the public roots: a default secured
+    /// Elasticsearch 8 serves a certificate of its own self-signed CA.
+    #[arg(
+        long = "elasticsearch-ca-cert",
+        env = "COUNTER_GATEWAY_ELASTICSEARCH_CA_CERT"
+    )]
+    pub ca_cert: Option<PathBuf>,
+
     /// First part of every index name: `<prefix>_<tenant>_<collection>`.
     #[arg(
         long,
@@ -63,6 +76,7 @@ impl fmt::Debug for ElasticsearchArgs {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("ca_cert", &self.ca_cert)
             .field("index_prefix", &self.index_prefix)
             .field("skip_setup", &self.skip_setup)
             .finish()
@@ -92,11 +106,66 @@ impl fmt::Debug for Auth {
     }
 }
 
+/// A CA certificate to trust, read and checked at start-up.
+#[derive(Clone)]
+pub struct CaCert {
+    pub path: PathBuf,
+    pem: Vec<u8>,
+}
+
+impl fmt::Debug for CaCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CaCert({})", self.path.display())
+    }
+}
+
+impl CaCert {
+    /// Reads `path` and checks that it holds PEM certificates the TLS
+    /// client accepts, so a bad file stops the start, naming the flag,
+    /// instead of failing every request.
+    pub fn read(path: &Path) -> Result<CaCert, String> {
+        let flag = "--elasticsearch-ca-cert";
+        let pem = std::fs::read(path)
+            .map_err(|e| format!("{flag} {}: cannot read it: {e}", path.display()))?;
+        let cert = CaCert {
+            path: path.to_path_buf(),
+            pem,
+        };
+        // The PEM blocks are only decoded when a client is built: build one
+        // (no I/O) to find out now.
+        let url =
+            elasticsearch::http::Url::parse("https://localhost:9200").map_err(|e| e.to_string())?;
+        TransportBuilder::new(SingleNodeConnectionPool::new(url))
+            .cert_validation(cert.validation()?)
+            .build()
+            .map_err(|e| {
+                format!(
+                    "{flag} {}: not a PEM CA certificate the TLS client accepts: {e}",
+                    path.display()
+                )
+            })?;
+        Ok(cert)
+    }
+
+    /// Full validation (chain and host name) against this CA.
+    pub fn validation(&self) -> Result<CertificateValidation, String> {
+        let chain = Certificate::from_pem(&self.pem).map_err(|e| {
+            format!(
+                "--elasticsearch-ca-cert {}: not a PEM certificate: {e}",
+                self.path.display()
+            )
+        })?;
+        Ok(CertificateValidation::Full(chain))
+    }
+}
+
 /// Everything the Elasticsearch store needs, validated.
 #[derive(Clone, Debug)]
 pub struct EsConfig {
     pub url: String,
     pub auth: Option<Auth>,
+    /// A private CA to trust (`--elasticsearch-ca-cert`).
+    pub ca_cert: Option<CaCert>,
     pub names: IndexNames,
     pub backoff: Backoff,
     /// Timeout of one HTTP request to Elasticsearch.
@@ -139,6 +208,7 @@ impl EsConfig {
         Ok(EsConfig {
             url: parsed.to_string(),
             auth,
+            ca_cert: None,
             names: IndexNames::new(prefix, tenant).map_err(|e| format!("--index-prefix: {e}"))?,
             backoff: Backoff::standard(),
             request_timeout: Duration::from_secs(30),
@@ -146,6 +216,70 @@ impl EsConfig {
             id_window: Duration::from_secs(7 * 86_400),
             max_ids_per_doc: 10_000,
         })
+    }
+}
+
+/// Painless stops a script after this many loop iterations (all loops of
+/// one run together).
+pub const PAINLESS_MAX_LOOP_COUNTER: u64 = 1_000_000;
+
+impl EsConfig {
+    /// The most loop iterations one run of a stored script can take, when a
+    /// document gets `events` events with an id and remembers up to
+    /// [`EsConfig::max_ids_per_doc`] ids. The scripts loop over the events
+    /// (E), then up to three times over the remembered ids (S): to find the
+    /// expired ones, after sorting to find the oldest past the cap, and to
+    /// remove them (E + 3S). The cap keeps every id of the newest run (they
+    /// share one timestamp), so S is at most the cap plus two runs' events.
+    pub fn painless_loop_worst_case(&self, events: usize) -> u64 {
+        let e = events as u64;
+        let s = u64::from(self.max_ids_per_doc) + 2 * e;
+        e + 3 * s
+    }
+
+    /// Refuses settings with which a script run could reach half of
+    /// Painless's loop limit: every item would then fail with a script
+    /// error. `max_events_per_request` (`--max-events-per-request`) sizes
+    /// the events one document gets in one bulk item, with
+    /// [`super::writes::MAX_ID_EVENTS_PER_PLAN`].
+    pub fn check_script_loops(&self, max_events_per_request: usize) -> Result<(), String> {
+        let events = max_events_per_request.max(super::writes::MAX_ID_EVENTS_PER_PLAN);
+        let worst = self.painless_loop_worst_case(events);
+        if worst > PAINLESS_MAX_LOOP_COUNTER / 2 {
+            return Err(format!(
+                "with --max-events-per-request {max_events_per_request} and {} remembered ids per document, \
+                 one Elasticsearch script run could loop {worst} times, too near Painless's limit of \
+                 {PAINLESS_MAX_LOOP_COUNTER}: lower --max-events-per-request (to at most {})",
+                self.max_ids_per_doc,
+                self.max_events_within_loop_limit()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The largest `--max-events-per-request` [`EsConfig::check_script_loops`] accepts.
+    fn max_events_within_loop_limit(&self) -> u64 {
+        // E + 3(M + 2E) <= L/2  <=>  E <= (L/2 - 3M) / 7
+        (PAINLESS_MAX_LOOP_COUNTER / 2).saturating_sub(3 * u64::from(self.max_ids_per_doc)) / 7
+    }
+
+    /// The `timeout` sent with each `_bulk`: how long the engine may wait
+    /// for a shard's primary before it fails the items. It defaults to one
+    /// minute, longer than [`EsConfig::request_timeout`]: the gateway would
+    /// give up (outcome unknown) on a bulk that a slow primary then applies.
+    /// Below the client timeout by a fifth of it (1 to 5 s of margin), and at
+    /// least 1 s, so the engine answers first.
+    pub fn bulk_timeout(&self) -> Duration {
+        let margin =
+            (self.request_timeout / 5).clamp(Duration::from_secs(1), Duration::from_secs(5));
+        self.request_timeout
+            .saturating_sub(margin)
+            .max(Duration::from_secs(1))
+    }
+
+    /// [`EsConfig::bulk_timeout`] as the query parameter's value.
+    pub fn bulk_timeout_param(&self) -> String {
+        format!("{}ms", self.bulk_timeout().as_millis())
     }
 }
 
@@ -157,6 +291,7 @@ impl ElasticsearchArgs {
         };
         let mut c = EsConfig::new(url, &self.index_prefix, DEFAULT_TENANT)?;
         c.id_window = id_window;
+        c.ca_cert = self.ca_cert.as_deref().map(CaCert::read).transpose()?;
         let from_url = c.auth.take();
         c.auth = match (&self.username, &self.password, &self.api_key) {
             (Some(u), Some(p), None) => Some(Auth::Basic {
@@ -187,6 +322,7 @@ mod tests {
             username: Some("elastic".into()),
             password: Some("hunter2".into()),
             api_key: None,
+            ca_cert: None,
             index_prefix: "counter-gateway".into(),
             skip_setup: false,
         };
@@ -204,6 +340,81 @@ mod tests {
             matches!(c.auth, Some(Auth::Basic { ref username, ref password }) if username == "elastic" && password == "hunter2")
         );
         assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    fn with_ca(path: &Path) -> Result<Option<EsConfig>, String> {
+        ElasticsearchArgs {
+            url: Some("https://localhost:9200".into()),
+            username: None,
+            password: None,
+            api_key: None,
+            ca_cert: Some(path.to_path_buf()),
+            index_prefix: "counter-gateway".into(),
+            skip_setup: false,
+        }
+        .to_config(Duration::from_secs(1))
+    }
+
+    #[test]
+    fn a_ca_certificate_is_read_and_checked_at_start() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/es/test-ca.pem");
+        let c = with_ca(&fixture).unwrap().unwrap();
+        assert!(c.ca_cert.as_ref().unwrap().validation().is_ok());
+
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let e = with_ca(&missing).unwrap_err();
+        assert!(
+            e.contains("--elasticsearch-ca-cert") && e.contains("cannot read"),
+            "{e}"
+        );
+
+        let not_pem = dir.path().join("not.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let e = with_ca(&not_pem).unwrap_err();
+        assert!(e.contains("--elasticsearch-ca-cert"), "{e}");
+
+        // PEM markers around something that is not a certificate.
+        let bad_body = dir.path().join("bad.pem");
+        std::fs::write(
+            &bad_body,
+            "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let e = with_ca(&bad_body).unwrap_err();
+        assert!(e.contains("--elasticsearch-ca-cert"), "{e}");
+    }
+
+    #[test]
+    fn script_loops_stay_well_under_the_painless_limit() {
+        let mut c = EsConfig::new("http://x:9200", "cg", "default").unwrap();
+        // The defaults: 10,000 events a request, 10,000 ids a document.
+        c.check_script_loops(10_000).unwrap();
+        assert!(c.painless_loop_worst_case(10_000) <= PAINLESS_MAX_LOOP_COUNTER / 5);
+        let limit = usize::try_from(c.max_events_within_loop_limit()).unwrap();
+        c.check_script_loops(limit).unwrap();
+        let e = c.check_script_loops(limit + 1).unwrap_err();
+        assert!(
+            e.contains("--max-events-per-request") && e.contains("1000000"),
+            "{e}"
+        );
+        c.max_ids_per_doc = 200_000;
+        assert!(c.check_script_loops(1).is_err());
+    }
+
+    #[test]
+    fn the_bulk_timeout_is_below_the_client_timeout() {
+        let mut c = EsConfig::new("http://x:9200", "cg", "default").unwrap();
+        assert_eq!(c.request_timeout, Duration::from_secs(30));
+        assert_eq!(c.bulk_timeout_param(), "25000ms");
+        for (client, server) in [(5, 4), (2, 1), (1, 1), (60, 55)] {
+            c.request_timeout = Duration::from_secs(client);
+            assert_eq!(
+                c.bulk_timeout(),
+                Duration::from_secs(server),
+                "client {client} s"
+            );
+        }
     }
 
     #[test]

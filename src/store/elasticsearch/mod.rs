@@ -5,7 +5,8 @@
 //! Files by role, as in vector's Elasticsearch sink: [`config`] (flags and
 //! validated settings), [`client`] (one HTTP call, errors split by whether
 //! the request can have reached the cluster), [`setup`] and [`templates`]
-//! (what is installed), [`writes`] (a flush as `_bulk`, retries, overflow,
+//! (what is installed), [`indices`] (monthly bucket indices created ahead,
+//! expired ones deleted where there is no ILM), [`writes`] (a flush as `_bulk`, retries, overflow,
 //! deletes) with [`request`] (write bodies, pure) and [`response`]
 //! (classifying answers, pure), [`reads`] with [`query`] (read queries and
 //! their answers, pure; says what is exact), [`retry`] (back-off as a value).
@@ -28,7 +29,8 @@
 //!   (`--idempotency-window`) and the per-document cap (10,000 ids, oldest
 //!   forgotten first) remember it.
 //! - An answer lost in transit (timeout, reset connection after the request
-//!   was sent) leaves the outcome unknown: those items are never resent
+//!   was sent, a whole `_bulk` answered 502/504 or a non-engine 5xx by a
+//!   proxy) leaves the outcome unknown: those items are never resent
 //!   (resending an applied increment double-counts); the requests fail, and
 //!   only an event id makes their retry safe. Connection refused is known
 //!   not to have reached the cluster and is retried within the budget.
@@ -52,6 +54,7 @@
 
 mod client;
 pub mod config;
+pub mod indices;
 pub mod query;
 mod reads;
 pub mod request;
@@ -87,6 +90,9 @@ pub struct ElasticsearchStore {
     jitter: Jitter,
     /// Read from `GET /` once ([`ElasticsearchStore::engine`]).
     engine: std::sync::OnceLock<templates::Engine>,
+    /// Months whose bucket indices this tenant's store created or found
+    /// ([`indices`]), at most [`indices::MAX_ENSURED_MONTHS`].
+    ensured_months: std::sync::Mutex<std::collections::BTreeSet<indices::Month>>,
 }
 
 impl ElasticsearchStore {
@@ -104,6 +110,9 @@ impl ElasticsearchStore {
             Some(Auth::ApiKey(key)) => builder.auth(Credentials::EncodedApiKey(key.clone())),
             None => builder,
         };
+        if let Some(ca) = &config.ca_cert {
+            builder = builder.cert_validation(ca.validation().map_err(StoreError::Internal)?);
+        }
         let transport = builder.build().map_err(|e| {
             StoreError::Internal(format!("cannot build the Elasticsearch client: {e}"))
         })?;
@@ -113,6 +122,7 @@ impl ElasticsearchStore {
             clock,
             jitter: Jitter::from_clock(),
             engine: std::sync::OnceLock::new(),
+            ensured_months: Default::default(),
         })
     }
 
@@ -149,6 +159,7 @@ impl ElasticsearchStore {
             clock: self.clock.clone(),
             jitter: Jitter::from_clock(),
             engine: self.engine.clone(),
+            ensured_months: Default::default(),
         })
     }
 }

@@ -15,8 +15,9 @@ pub const OVERFLOW_MARKER: &str = "counter_overflow:";
 pub enum ItemClass {
     /// Applied (`created`, `updated` or `noop`).
     Done,
-    /// Not applied, worth resending after a pause: 429 (back-pressure), 5xx,
-    /// or a 409 version conflict that outlived `retry_on_conflict`.
+    /// Not applied, worth resending after a pause: an item's 429
+    /// (back-pressure) or 5xx, or a 409 version conflict that outlived
+    /// `retry_on_conflict`; a whole bulk refused as [`classify_request`] says.
     Retry(String),
     /// Not applied: the script refused the addition as out of the i64 range.
     Overflow(String),
@@ -43,12 +44,28 @@ pub fn classify_item(status: u16, error: Option<&Value>) -> ItemClass {
     }
 }
 
-/// Classifies a whole `_bulk` answer that is not a 200 (the request itself
-/// was refused, so no item of it was applied).
+/// Classifies a whole `_bulk` answer that is not a 200.
+///
+/// Only an answer that proves nothing was applied is resent: 429
+/// (back-pressure, refused before any item ran) and a 503 whose body is the
+/// engine's own error (an `error.type`, e.g. a cluster block). A 502, a 504
+/// or any other 5xx, or a 503 with a body the engine did not write, may come
+/// from a proxy that gave up after forwarding the bulk, which the cluster may
+/// then have applied: [`ItemClass::Unknown`], never resent (an event id
+/// makes the client's retry exact). Any other status refused the request.
 pub fn classify_request(status: u16, body: &Value) -> ItemClass {
     let error = body.get("error");
+    let from_engine = error
+        .and_then(|e| e.get("type"))
+        .and_then(Value::as_str)
+        .is_some();
     match status {
-        429 | 500..=599 => ItemClass::Retry(format!("{status} {}", describe_error(error))),
+        429 => ItemClass::Retry(format!("{status} {}", describe_error(error))),
+        503 if from_engine => ItemClass::Retry(format!("{status} {}", describe_error(error))),
+        500..=599 => ItemClass::Unknown(format!(
+            "outcome unknown, not resent (an event id makes a retry safe): the bulk answered {status} {}",
+            describe_error(error)
+        )),
         _ => ItemClass::Rejected(format!("{status} {}", describe_error(error))),
     }
 }
@@ -251,6 +268,40 @@ mod tests {
             json!({"type": "strict_dynamic_mapping_exception", "reason": "mapping set to strict"});
         assert!(matches!(
             classify_item(400, Some(&mapper)),
+            ItemClass::Rejected(_)
+        ));
+    }
+
+    #[test]
+    fn only_a_bulk_proven_unapplied_is_resent() {
+        let engine = json!({"error": {"type": "cluster_block_exception", "reason": "blocked"}, "status": 503});
+        assert!(matches!(
+            classify_request(429, &Value::Null),
+            ItemClass::Retry(_)
+        ));
+        assert!(matches!(
+            classify_request(503, &engine),
+            ItemClass::Retry(_)
+        ));
+        // A proxy's answer: the bulk may have been applied behind it.
+        for status in [500, 502, 503, 504] {
+            for body in [
+                Value::Null,
+                json!({"message": "upstream timed out"}),
+                json!({"error": "Bad Gateway"}),
+            ] {
+                assert!(
+                    matches!(classify_request(status, &body), ItemClass::Unknown(_)),
+                    "{status} {body}"
+                );
+            }
+        }
+        assert!(matches!(
+            classify_request(502, &engine),
+            ItemClass::Unknown(_)
+        ));
+        assert!(matches!(
+            classify_request(413, &Value::Null),
             ItemClass::Rejected(_)
         ));
     }

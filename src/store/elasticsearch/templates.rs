@@ -331,6 +331,20 @@ mod tests {
     };
 
     #[test]
+    fn one_node_clusters_stay_green() {
+        // A replica that cannot be placed keeps a one-node cluster yellow.
+        let names = IndexNames::new("cg", "default").unwrap();
+        let s = steps(&names, ES8);
+        let settings = s.iter().find(|s| s.name == "cg-settings").unwrap();
+        assert_eq!(
+            settings
+                .body
+                .pointer("/template/settings/index/auto_expand_replicas"),
+            Some(&json!("0-1"))
+        );
+    }
+
+    #[test]
     fn opensearch_gets_no_ilm() {
         let names = IndexNames::new("cg", "default").unwrap();
         let os = steps(
@@ -383,8 +397,9 @@ mod tests {
             .unwrap();
         let at = |v: u64| json!({"component_templates": [{"name": comp.name, "component_template": {"version": v, "template": {}}}]});
         assert_eq!(comp.needs_install(404, &json!({})), Install::Missing);
-        assert_eq!(comp.needs_install(200, &at(1)), Install::Current);
-        assert_eq!(comp.needs_install(200, &at(0)), Install::Outdated);
+        assert_eq!(comp.needs_install(200, &at(2)), Install::Current);
+        // Copies installed before `auto_expand_replicas` are upgraded.
+        assert_eq!(comp.needs_install(200, &at(1)), Install::Outdated);
         assert_eq!(comp.needs_install(200, &at(7)), Install::Newer);
         let script = &s[0];
         let same = json!({"_id": script.name, "found": true, "script": {"lang": "painless", "source": script.body["script"]["source"]}});

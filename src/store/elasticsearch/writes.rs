@@ -20,10 +20,61 @@ use crate::store::{BatchOutcome, RequestOutcome, StoreError, WriteBatch};
 /// flushes with more distinct documents are sent as several requests.
 pub const MAX_BULK_ITEMS: usize = 5_000;
 
+/// Most events with an id one `_bulk` plan carries (a whole request more
+/// only when one request alone has more). It bounds the `events` a script
+/// loops over in one document, which with the remembered ids
+/// ([`super::config::EsConfig::painless_loop_worst_case`]) must stay well
+/// under Painless's limit of 1,000,000 loop iterations per script run.
+pub const MAX_ID_EVENTS_PER_PLAN: usize = 10_000;
+
+/// Splits a flush's requests (each given by its number of events with an
+/// id) into consecutive runs of at most `max` such events; a request over
+/// `max` is a run of its own. Pure, so tested alone.
+pub fn runs_by_id_events(id_events: &[usize], max: usize) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let (mut start, mut total) = (0, 0);
+    for (i, &n) in id_events.iter().enumerate() {
+        if i > start && total + n > max {
+            runs.push(start..i);
+            start = i;
+            total = 0;
+        }
+        total += n;
+    }
+    if start < id_events.len() {
+        runs.push(start..id_events.len());
+    }
+    runs
+}
+
 impl ElasticsearchStore {
+    /// Applies a flush as runs of requests ([`runs_by_id_events`]), one
+    /// plan each, in order; almost every flush is one run.
     pub(super) async fn apply_batch(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        let all: Vec<&[Increment]> = batch.requests.iter().map(Vec::as_slice).collect();
+        self.ensure_bucket_indices(&all).await;
+        let ids: Vec<usize> = batch
+            .requests
+            .iter()
+            .map(|r| r.iter().filter(|i| i.id.is_some()).count())
+            .collect();
+        let runs = runs_by_id_events(&ids, MAX_ID_EVENTS_PER_PLAN);
+        if runs.len() <= 1 {
+            return self.apply_run(&batch.requests).await;
+        }
+        let mut out = BatchOutcome::default();
+        for run in runs {
+            let part = self.apply_run(&batch.requests[run]).await?;
+            out.requests.extend(part.requests);
+            out.counters.extend(part.counters);
+            out.store_writes += part.store_writes;
+        }
+        Ok(out)
+    }
+
+    async fn apply_run(&self, batch: &[Vec<Increment>]) -> Result<BatchOutcome, StoreError> {
         let settings = self.settings(self.clock.now_ms());
-        let requests: Vec<&[Increment]> = batch.requests.iter().map(Vec::as_slice).collect();
+        let requests: Vec<&[Increment]> = batch.iter().map(Vec::as_slice).collect();
         let mut out = BatchOutcome::default();
         if let Ok(plan) = request::plan(&requests) {
             let (results, sent) = self.send_writes(&plan.writes, &settings).await;
@@ -197,6 +248,7 @@ impl ElasticsearchStore {
         let mut sent = 0;
         let mut waited = Duration::ZERO;
         let mut attempt = 0;
+        let timeout = self.config.bulk_timeout_param();
         let settle = |results: &mut Vec<Option<ItemResult>>, i: usize, class: ItemClass| {
             results[i] = Some(ItemResult {
                 class,
@@ -215,7 +267,7 @@ impl ElasticsearchStore {
                     .raw_call(
                         Method::Post,
                         "/_bulk",
-                        &[],
+                        &[("timeout", &timeout)],
                         Some(body),
                         Some("application/x-ndjson"),
                     )
@@ -385,5 +437,25 @@ fn counters_after(plan: &Plan, results: &[ItemResult], into: &mut HashMap<Counte
                 into.insert(w.key.clone(), c);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_hold_at_most_max_id_events_unless_one_request_has_more() {
+        assert_eq!(
+            runs_by_id_events(&[], 10),
+            Vec::<std::ops::Range<usize>>::new()
+        );
+        assert_eq!(runs_by_id_events(&[0, 0, 0], 10), vec![0..3]);
+        assert_eq!(runs_by_id_events(&[4, 6, 1], 10), vec![0..2, 2..3]);
+        assert_eq!(
+            runs_by_id_events(&[3, 25, 2, 0], 10),
+            vec![0..1, 1..2, 2..4]
+        );
+        assert_eq!(runs_by_id_events(&[25], 10), vec![0..1]);
     }
 }
