@@ -78,7 +78,7 @@ async fn the_page_needs_no_key_but_its_data_does() {
 /// Known data, relative to the app's clock:
 /// VIDEO/VIEW: `a` 10 twenty days ago and 1 now (11); `b` 5 a day ago and 3
 /// three days ago (8); `c` 2 now, category `sports`; `old` 1 forty days ago
-/// (stale). ARTICLE/share `x` 1 forty-five days ago (an unused pair).
+/// and `older` 1 fifty days ago (stale). ARTICLE/share `x` 1 forty-five days ago (an unused pair).
 /// VIDEO/RATING averages: `r1` 5, 5; `r2` 4, 4, 4; `r3` 5.
 async fn fill(app: &TestApp, key: Option<&str>) {
     let now = test_now();
@@ -91,6 +91,7 @@ async fn fill(app: &TestApp, key: Option<&str>) {
         ("VIDEO", "VIEW", "b", 3, 3, None),
         ("VIDEO", "VIEW", "c", 2, 0, Some("sports")),
         ("VIDEO", "VIEW", "old", 1, 40, None),
+        ("VIDEO", "VIEW", "older", 1, 50, None),
         ("ARTICLE", "share", "x", 1, 45, None),
     ] {
         let mut ev =
@@ -261,7 +262,7 @@ async fn the_dashboard_renders_top_lists_chart_and_reports_in_a_browser() {
     .await;
     assert_eq!(
         top_rows(&dom),
-        rows(&[("a", 11), ("b", 8), ("c", 2), ("old", 1)]),
+        rows(&[("a", 11), ("b", 8), ("c", 2), ("old", 1), ("older", 1)]),
         "{dom}"
     );
     let refreshes: u32 = dom
@@ -281,7 +282,7 @@ async fn the_dashboard_renders_top_lists_chart_and_reports_in_a_browser() {
         .into_iter()
         .filter_map(|a| a.get("data-id").cloned())
         .collect();
-    assert_eq!(stale, ["VIDEO_VIEW_old"]);
+    assert_eq!(stale, ["VIDEO_VIEW_older", "VIDEO_VIEW_old"]);
     let unused = part(&dom, "unused");
     assert!(
         unused.contains("<td>ARTICLE</td><td>share</td>"),
@@ -332,6 +333,23 @@ async fn the_dashboard_renders_top_lists_chart_and_reports_in_a_browser() {
     .await;
     assert_eq!(top_rows(&dom), rows(&[("a", 10)]), "{dom}");
 
+    // The stale report a page at a time: the oldest first, then a next page.
+    let dom = dump_dom(format!("{page}#entity=VIDEO&action=VIEW&days=30&size=1")).await;
+    let stale: Vec<String> = tags(part(&dom, "stale"), "tr")
+        .into_iter()
+        .filter_map(|a| a.get("data-id").cloned())
+        .collect();
+    assert_eq!(stale, ["VIDEO_VIEW_older"]);
+    let buttons = tags(&dom, "button");
+    let disabled = |id: &str| {
+        buttons
+            .iter()
+            .find(|b| b.get("id").map(String::as_str) == Some(id))
+            .unwrap_or_else(|| panic!("no #{id}"))
+            .contains_key("disabled")
+    };
+    assert!(disabled("stale-prev") && !disabled("stale-next"));
+
     // What the page looks like, for people (target/ is not committed).
     let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard.png");
     let _ = std::fs::remove_file(&shot);
@@ -374,7 +392,7 @@ async fn the_dashboard_says_clearly_when_the_read_key_is_missing_or_invalid() {
     assert_eq!(message(&dom), "");
     assert_eq!(
         top_rows(&dom),
-        rows(&[("a", 11), ("b", 8), ("c", 2), ("old", 1)]),
+        rows(&[("a", 11), ("b", 8), ("c", 2), ("old", 1), ("older", 1)]),
         "{dom}"
     );
 }
