@@ -83,12 +83,47 @@ else
 fi
 rm -f "$es_log"
 
+echo "== browser suite (tests/dashboard.rs in headless Chromium)"
+# The dashboard rendered by a real browser: Debian's chromium, installed here
+# when missing and possible; without it the suite is reported as skipped.
+CHROMIUM="${CHROMIUM:-chromium}"
+browser_reason=""
+if ! command -v "$CHROMIUM" >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium for the browser suite"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 || true
+    command -v "$CHROMIUM" >/dev/null 2>&1 || browser_reason="apt-get install chromium failed"
+  elif [ "$(id -u)" != 0 ]; then
+    browser_reason="$CHROMIUM is not installed and installing it needs root"
+  else
+    browser_reason="$CHROMIUM is not installed and there is no apt-get"
+  fi
+fi
+if [ -n "$browser_reason" ]; then
+  echo "browser suite: SKIPPED, not run: $browser_reason; its tests are counted as skipped"
+else
+  br_log=$(mktemp)
+  br_status=0
+  CHROMIUM="$CHROMIUM" cargo test --locked --test dashboard -- --ignored 2>&1 | tee "$br_log" || br_status=$?
+  br_passed=$(count "$br_log" "passed;"); br_failed=$(count "$br_log" "failed;")
+  if [ "$br_status" -ne 0 ] && [ "$br_failed" -eq 0 ]; then
+    echo "browser suite FAILED to run (exit $br_status)"
+    failed=$((failed + 1))
+  else
+    passed=$((passed + br_passed)); failed=$((failed + br_failed))
+    ignored=$((ignored - br_passed - br_failed))
+  fi
+  echo "browser suite: screenshot in target/dashboard.png"
+  rm -f "$br_log"
+fi
+
 if [ -x scripts/schemathesis.sh ]; then
   echo "== schemathesis against a live server"
   scripts/schemathesis.sh
 fi
 
 # One closing line for the whole gate; the skipped tests are the query
-# benchmark and the real search engine suite when it could not run.
+# benchmark, and the real search engine and browser suites when they could
+# not run.
 echo "tests: ${passed} passed, ${failed} failed, ${ignored} skipped"
 [ "$failed" -eq 0 ]

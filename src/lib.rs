@@ -10,13 +10,15 @@
 //! - [`store`]: the storage trait and its SQLite and Elasticsearch backends.
 //!
 //! [`error`] is the one error type of the API, [`config`] the command line,
-//! [`server`] the start-up and orderly shutdown.
+//! [`server`] the start-up and orderly shutdown, [`kibana`] the Kibana
+//! objects `setup` imports.
 
 pub mod api;
 pub mod auth;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod kibana;
 pub mod metrics;
 pub mod pipeline;
 pub mod ratelimit;

@@ -24,6 +24,9 @@ pub const ROUTES: &[&str] = &[
     "/readyz",
     "/metrics",
     "/openapi.json",
+    "/dashboard",
+    "/dashboard/dashboard.js",
+    "/dashboard/dashboard.css",
 ];
 /// The route label of requests no route matched.
 pub const UNMATCHED: usize = ROUTES.len();

@@ -135,14 +135,27 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
 }
 
 /// `counter-gateway setup`: installs what `index-templates/` holds, then exits.
+/// With `--kibana-url`, also imports the Kibana objects (after the
+/// templates, so the data views find their indices' mappings).
 pub async fn setup(args: SetupArgs) -> Result<(), String> {
-    let es = args
-        .elasticsearch
-        .to_config(std::time::Duration::ZERO)?
-        .ok_or("setup needs --elasticsearch-url (or COUNTER_GATEWAY_ELASTICSEARCH_URL)")?;
-    let store = ElasticsearchStore::new(es, Clock::system()).map_err(|e| e.to_string())?;
-    let report = store.setup().await.map_err(|e| e.to_string())?;
-    tracing::info!(engine = %report.engine, installed = ?report.installed, current = ?report.current, newer = ?report.newer, "setup done");
+    let es = args.elasticsearch.to_config(std::time::Duration::ZERO)?;
+    if es.is_none() && args.kibana_url.is_none() {
+        return Err(
+            "setup needs --elasticsearch-url (or COUNTER_GATEWAY_ELASTICSEARCH_URL), --kibana-url, or both"
+                .into(),
+        );
+    }
+    if let Some(es) = es {
+        let store = ElasticsearchStore::new(es, Clock::system()).map_err(|e| e.to_string())?;
+        let report = store.setup().await.map_err(|e| e.to_string())?;
+        tracing::info!(engine = %report.engine, installed = ?report.installed, current = ?report.current, newer = ?report.newer, "setup done");
+    }
+    if let Some(url) = &args.kibana_url {
+        let auth = args.elasticsearch.auth();
+        let report =
+            crate::kibana::import(url, auth.as_ref(), &args.elasticsearch.index_prefix).await?;
+        tracing::info!(kibana = %url, objects = report.objects, "kibana objects imported");
+    }
     Ok(())
 }
 

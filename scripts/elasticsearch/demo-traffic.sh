@@ -5,8 +5,10 @@
 #
 #   scripts/elasticsearch/demo-traffic.sh [gateway URL] [rounds]
 #
-# Optionally imports Kibana data views when KIBANA_URL is set
-# (e.g. KIBANA_URL=http://localhost:5601).
+# Optionally imports the Kibana data views and dashboard of
+# index-templates/kibana/ (default index prefix) when KIBANA_URL is set
+# (e.g. KIBANA_URL=http://localhost:5601); `counter-gateway setup
+# --kibana-url` does the same for any prefix.
 set -euo pipefail
 
 GW="${1:-http://127.0.0.1:8080}"
@@ -51,6 +53,6 @@ curl -fsS "$GW/v1/targets/VIDEO/${VIDEOS[0]}/counters"; echo
 if [[ -n "${KIBANA_URL:-}" ]]; then
   here="$(cd "$(dirname "$0")" && pwd)"
   curl -fsS -X POST "$KIBANA_URL/api/saved_objects/_import?overwrite=true" \
-    -H 'kbn-xsrf: true' --form file=@"$here/kibana-data-views.ndjson" >/dev/null
-  echo "Kibana data views imported: $KIBANA_URL/app/discover"
+    -H 'kbn-xsrf: true' --form file=@"$here/../../index-templates/kibana/counter-gateway.ndjson" >/dev/null
+  echo "Kibana dashboard imported: $KIBANA_URL/app/dashboards#/view/counter-gateway-overview"
 fi

@@ -5,6 +5,7 @@
 pub mod access;
 mod averages;
 mod counters;
+pub mod dashboard;
 pub mod edge;
 mod events;
 mod extract;
@@ -132,6 +133,9 @@ pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(openapi::openapi))
+        .route("/dashboard", get(dashboard::page))
+        .route("/dashboard/dashboard.js", get(dashboard::script))
+        .route("/dashboard/dashboard.css", get(dashboard::style))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))

@@ -262,13 +262,55 @@ pub const OPERATIONS: &[Operation] = &[
         ok: (200, "Object"),
         errors: &[],
     },
+    Operation {
+        method: "get",
+        path: "/dashboard",
+        summary: "The built-in dashboard page (it reads /v1 with a read key entered on the page)",
+        role: None,
+        params: &[],
+        body: Body::None,
+        ok: (200, "Html"),
+        errors: &[304],
+    },
+    Operation {
+        method: "get",
+        path: "/dashboard/dashboard.js",
+        summary: "The dashboard's script",
+        role: None,
+        params: &[],
+        body: Body::None,
+        ok: (200, "Script"),
+        errors: &[304],
+    },
+    Operation {
+        method: "get",
+        path: "/dashboard/dashboard.css",
+        summary: "The dashboard's style sheet",
+        role: None,
+        params: &[],
+        body: Body::None,
+        ok: (200, "Style"),
+        errors: &[304],
+    },
 ];
 
 /// Statuses every operation that takes a key can answer.
 const KEYED_ERRORS: &[u16] = &[400, 429, 500, 503];
 
+/// The media type of an answer that is not JSON, by its schema name.
+fn static_media_type(schema: &str) -> Option<&'static str> {
+    match schema {
+        "Metrics" => Some("text/plain"),
+        "Html" => Some("text/html"),
+        "Script" => Some("text/javascript"),
+        "Style" => Some("text/css"),
+        _ => None,
+    }
+}
+
 fn reason(status: u16) -> &'static str {
     match status {
+        304 => "Not modified: If-None-Match names the current ETag",
         400 => "Invalid input; the reason names the field",
         401 => "No API key, or not a valid one",
         403 => "The key's role or tenant does not allow this",
@@ -440,8 +482,8 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
         }
         let mut responses = Map::new();
         let (ok, schema) = op.ok;
-        let content = if schema == "Metrics" {
-            json!({"text/plain": {"schema": {"type": "string"}}})
+        let content = if let Some(media) = static_media_type(schema) {
+            json!({media: {"schema": {"type": "string"}}})
         } else if op.path == "/v1/reports/stale" {
             json!({"application/json": {"schema": {"$ref": "#/components/schemas/Object"}},
                    "text/csv": {"schema": {"type": "string"}}})
@@ -467,6 +509,10 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
         errors.sort_unstable();
         errors.dedup();
         for s in errors {
+            if s == 304 {
+                responses.insert(s.to_string(), json!({"description": reason(s)}));
+                continue;
+            }
             let mut r = json!({"description": reason(s),
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
             if matches!(s, 429 | 503) {

@@ -88,6 +88,28 @@ impl fmt::Debug for ElasticsearchArgs {
 pub struct SetupArgs {
     #[command(flatten)]
     pub elasticsearch: ElasticsearchArgs,
+
+    /// Kibana URL (e.g. http://localhost:5601): also import the data views
+    /// and the dashboard of `index-templates/kibana/` there, for
+    /// `--index-prefix`, replacing earlier copies. Kibana is called with the
+    /// Elasticsearch credentials given. Without --elasticsearch-url, only
+    /// this import runs.
+    #[arg(long, env = "COUNTER_GATEWAY_KIBANA_URL")]
+    pub kibana_url: Option<String>,
+}
+
+impl ElasticsearchArgs {
+    /// The credentials given, whether or not a URL selects Elasticsearch.
+    pub fn auth(&self) -> Option<Auth> {
+        match (&self.username, &self.password, &self.api_key) {
+            (Some(u), Some(p), _) => Some(Auth::Basic {
+                username: u.clone(),
+                password: p.clone(),
+            }),
+            (_, _, Some(k)) => Some(Auth::ApiKey(k.clone())),
+            _ => None,
+        }
+    }
 }
 
 /// How the store authenticates.
