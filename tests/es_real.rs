@@ -928,6 +928,9 @@ async fn a_month_change_splits_buckets_and_windows_still_add_up() {
                 i["docs.count"].as_str().unwrap_or("?").to_string(),
             )
         })
+        // The store creates next month's index ahead, empty: only the
+        // indices holding buckets say where the writes went.
+        .filter(|(_, docs)| docs != "0")
         .collect();
     got.sort();
     let index = |t: chrono::DateTime<chrono::Utc>| {
