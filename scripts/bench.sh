@@ -129,33 +129,39 @@ if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = node ]; then
     direct_conflicts=$(echo "$direct_out" | awk '/^conflicts/ {print $2}')
     direct_acked=$(echo "$direct_out" | awk '/^acknowledged/ {print $2}')
     direct_applied=$(applied bench-direct)
-    node_gateway() { # label, extra serve flags...
-      local label=$1; shift
+    node_gateway() { # label, events per request (1: single increments), extra serve flags...
+      local label=$1 per=$2; shift 2
       local gport; gport=$(free_port)
       NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$gport" --data-dir "$work/node-$label" \
         --elasticsearch-url "$node" --index-prefix "bench-$label" "$@" >"$work/node-$label.log" 2>&1 &
       local gpid=$!
       for _ in $(seq 200); do curl -sf "http://127.0.0.1:$gport/readyz" >/dev/null && break; sleep 0.1; done
-      local rps; rps=$(wrk_rps "node-$label" -s scripts/bench/zipf.lua "http://127.0.0.1:$gport")
+      local load=(); [ "$per" -gt 1 ] && load=(-- batch "$per")
+      local rps; rps=$(wrk_rps "node-$label" -s scripts/bench/zipf.lua "http://127.0.0.1:$gport" "${load[@]}")
       local m; m=$(curl -s "http://127.0.0.1:$gport/metrics")
       kill "$gpid"; wait "$gpid" 2>/dev/null || true
       local inc items
       inc=$(echo "$m" | awk '/^counter_gateway_flushed_increments_total/ {print $2}')
       items=$(echo "$m" | awk '/^counter_gateway_store_writes_total/ {print $2}')
-      printf '%s %s %s %s %s\n' "$rps" "$inc" "$items" "$(acked "node-$label")" "$(applied "bench-$label")"
+      printf '%s %s %s %s %s\n' "$(awk -v r="$rps" -v p="$per" 'BEGIN {print r * p}')" "$inc" "$items" \
+        "$(awk -v a="$(acked "node-$label")" -v p="$per" 'BEGIN {print a * p}')" "$(applied "bench-$label")"
     }
-    read -r gw_rps gw_inc gw_items gw_acked gw_applied < <(node_gateway gw)
-    read -r gw2_rps gw2_inc gw2_items gw2_acked gw2_applied < <(node_gateway gw2ms --flush-interval 2ms)
+    read -r gw_rps gw_inc gw_items gw_acked gw_applied < <(node_gateway gw 1)
+    read -r gw2_rps gw2_inc gw2_items gw2_acked gw2_applied < <(node_gateway gw2ms 1 --flush-interval 2ms)
+    read -r gwb_rps gwb_inc gwb_items gwb_acked gwb_applied < <(node_gateway gwbatch 100)
     printf '\nElasticsearch store on a real OpenSearch 2.19 node: Zipf single increments over 10k keys (%s, %s connections)\n' "$DURATION" "$CONNECTIONS"
     printf '%-46s %9s %12s %12s %10s %10s\n' "load" "events/s" "acknowledged" "applied" "items/evt" "conflicts"
     printf '%-46s %9.0f %12d %12d %10s %10d\n' "one scripted _update per event (direct)" "$direct_rps" "$direct_acked" "$direct_applied" "1.00" "$direct_conflicts"
     printf '%-46s %9.0f %12d %12d %10s %10s\n' "gateway, default flush interval" "$gw_rps" "$gw_acked" "$gw_applied" "$(ratio "$gw_items" "$gw_inc")" "0"
     printf '%-46s %9.0f %12d %12d %10s %10s\n' "gateway, --flush-interval 2ms" "$gw2_rps" "$gw2_acked" "$gw2_applied" "$(ratio "$gw2_items" "$gw2_inc")" "0"
+    printf '%-46s %9.0f %12d %12d %10s %10s\n' "gateway, POST /v1/events x100 (Zipf)" "$gwb_rps" "$gwb_acked" "$gwb_applied" "$(ratio "$gwb_items" "$gwb_inc")" "0"
     printf '%-46s %9s\n' "gateway / direct events per second (goal 20x)" "$(ratio "$gw_rps" "$direct_rps")"
+    printf '%-46s %9s\n' "  with --flush-interval 2ms" "$(ratio "$gw2_rps" "$direct_rps")"
+    printf '%-46s %9s\n' "  batches of 100 events" "$(ratio "$gwb_rps" "$direct_rps")"
     printf 'exact: every acknowledged increment applied, and at most %s more (in flight at the end): direct %s, gateway %s\n' \
       "$CONNECTIONS" \
       "$(awk -v a="$direct_acked" -v p="$direct_applied" -v c="$CONNECTIONS" 'BEGIN {print (p >= a && p <= a + c) ? "yes" : "NO"}')" \
-      "$(awk -v a="$gw_acked" -v p="$gw_applied" -v c="$CONNECTIONS" 'BEGIN {print (p >= a && p <= a + c) ? "yes" : "NO"}')"
+      "$(awk -v a="$gw_acked" -v p="$gw_applied" -v c="$CONNECTIONS" 'BEGIN {print (p >= a && p <= a + c) ? "yes" : "NO"}') (batches: applied $gwb_applied, acknowledged $gwb_acked)"
     scripts/opensearch.sh stop --pidfile "$work/os.pid" >/dev/null 2>&1 || true
   else
     echo "real-node benchmark skipped: $(cat "$work/os.err" | tail -1)"
