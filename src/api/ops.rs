@@ -35,7 +35,10 @@ pub async fn readyz(State(gw): State<Gateway>) -> Result<impl IntoResponse, ApiE
 pub async fn metrics(_: Operator, State(gw): State<Gateway>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        gw.metrics
-            .render(gw.tenants.queue_depth(), gw.tenants.count()),
+        gw.metrics.render(
+            gw.tenants.queue_depth(),
+            gw.tenants.count(),
+            crate::store::sqlite::idempotency_ids(),
+        ),
     )
 }
