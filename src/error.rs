@@ -153,6 +153,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Unavailable(m) => ApiError::Unavailable(m),
             StoreError::Internal(m) => ApiError::Internal(m),
+            StoreError::Halted(m) => ApiError::Unavailable(m),
         }
     }
 }
@@ -168,6 +169,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::NotDurable(m) => ApiError::Unavailable(format!(
                 "the write reached the store but could not be made durable ({m}); it may or may not survive a crash"
             )),
+            SubmitError::Halted(m) => ApiError::Unavailable(m),
             SubmitError::Overflow(key) => ApiError::Overflow(format!(
                 "counter {key} would leave the signed 64-bit range; nothing of the request was applied"
             )),

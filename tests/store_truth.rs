@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::TestApp;
+use common::{assert_error, counter_path, TestApp};
 use counter_gateway::domain::{CounterKey, Increment, Kind, ManualClock};
 use counter_gateway::store::sqlite::{Durability, SqliteStore};
 use counter_gateway::store::{RequestOutcome, Store, WriteBatch};
@@ -108,4 +108,33 @@ async fn metrics_count_the_kept_idempotency_ids() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("counter_gateway_idempotency_ids never reached 5");
+}
+
+/// After a failed fsync the kernel may have dropped the dirty pages and
+/// report the next fsync as fine (PostgreSQL's lesson): the store then
+/// acknowledges nothing more until restart, and says so.
+#[tokio::test]
+async fn after_a_failed_fsync_nothing_more_is_acknowledged_until_restart() {
+    let app = TestApp::start().await;
+    let path = counter_path("V", "VIEW", "f", "/increment");
+    assert_eq!(app.post(&path, json!({})).await.status, 200);
+    app.fsync_fault.arm();
+    let r = app.post(&path, json!({})).await;
+    assert_error(&r, 503, "unavailable", &["may or may not"]);
+    // The disk "recovers": the next fsync would succeed, and prove nothing.
+    app.fsync_fault.disarm();
+    let r = app.post(&path, json!({})).await;
+    assert_error(&r, 503, "unavailable", &["fsync", "restart"]);
+    let r = app
+        .post(
+            "/v1/events",
+            json!({"events": [{"entity": "V", "action": "VIEW", "uuid": "g"}]}),
+        )
+        .await;
+    assert_error(&r, 503, "unavailable", &["fsync", "restart"]);
+    let r = app.get("/readyz").await;
+    assert_error(&r, 503, "unavailable", &["fsync"]);
+    let app = app.restart().await;
+    assert_eq!(app.get("/readyz").await.status, 200);
+    assert_eq!(app.post(&path, json!({})).await.status, 200);
 }

@@ -58,7 +58,15 @@ pub enum StoreError {
     /// Anything else: a bug, a corrupt database, a full disk.
     #[error("store error: {0}")]
     Internal(String),
+    /// The store acknowledges nothing more until the gateway restarts (an
+    /// fsync failed: the kernel may have dropped the written pages and
+    /// report the next fsync as fine). The message is meant for clients.
+    #[error("{0}")]
+    Halted(String),
 }
+
+/// Why an embedded store halted, as clients and `/readyz` are told.
+pub const HALTED_AFTER_FSYNC: &str = "the store stopped acknowledging writes after an fsync of its write-ahead log failed (the disk may have dropped written data); restart the gateway once the disk is healthy";
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {

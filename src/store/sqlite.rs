@@ -111,6 +111,9 @@ pub struct SqliteStore {
     /// The kept idempotency ids as last counted by the background; held
     /// here so that it counts in [`idempotency_ids`] while the store is open.
     _ids: Arc<AtomicI64>,
+    /// Set for good when an fsync of the WAL fails: every later apply, sync
+    /// and readiness check then fails, until restart.
+    halted: Arc<std::sync::atomic::AtomicBool>,
     /// While armed, the WAL fsync fails as a full or failing disk would.
     fsync_fault: FsyncFault,
 }
@@ -402,7 +405,16 @@ impl SqliteStore {
             id_window_ms,
             wal,
             fsync_fault: FsyncFault::default(),
+            halted: Arc::default(),
         })
+    }
+
+    /// `Err(Halted)` once an fsync has failed.
+    fn check_halted(&self) -> Result<(), StoreError> {
+        if self.halted.load(Ordering::SeqCst) {
+            return Err(StoreError::Halted(super::HALTED_AFTER_FSYNC.into()));
+        }
+        Ok(())
     }
 
     /// The hook that makes this store's fsyncs fail while armed (tests).
@@ -683,6 +695,7 @@ fn read_counter(row: &rusqlite::Row<'_>, key: CounterKey) -> rusqlite::Result<Co
 #[async_trait]
 impl Store for SqliteStore {
     async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        self.check_halted()?;
         let id_window_ms = self.id_window_ms;
         let last_write = self.last_write.clone();
         let now_ms = self.clock.now_ms();
@@ -744,6 +757,7 @@ impl Store for SqliteStore {
     }
 
     async fn delete(&self, key: &CounterKey) -> Result<bool, StoreError> {
+        self.check_halted()?;
         let key = key.clone();
         let deleted = self.with_writer(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(internal)?;
@@ -768,22 +782,34 @@ impl Store for SqliteStore {
     }
 
     async fn sync(&self) -> Result<(), StoreError> {
+        self.check_halted()?;
         let Some(wal) = self.wal.clone() else {
             return Ok(());
         };
         let fault = self.fsync_fault.clone();
-        tokio::task::spawn_blocking(move || {
+        let synced = tokio::task::spawn_blocking(move || {
             if fault.armed() {
                 return Err(std::io::Error::from_raw_os_error(5)); // EIO
             }
             wal.sync_data()
         })
         .await
-        .map_err(|e| StoreError::Internal(format!("fsync task failed: {e}")))?
-        .map_err(|e| StoreError::Internal(format!("fsync of the write-ahead log failed: {e}")))
+        .map_err(|e| StoreError::Internal(format!("fsync task failed: {e}")))?;
+        if let Err(e) = synced {
+            // PostgreSQL's lesson: after a failed fsync the kernel may have
+            // dropped the dirty pages and report the next fsync as fine, so
+            // no later fsync can vouch for what this one did not.
+            self.halted.store(true, Ordering::SeqCst);
+            tracing::error!(error = %e, "fsync of the write-ahead log failed; the store acknowledges no more writes until restart");
+            return Err(StoreError::Internal(format!(
+                "fsync of the write-ahead log failed: {e}"
+            )));
+        }
+        Ok(())
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
+        self.check_halted()?;
         self.with_reader(|conn| {
             conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
                 r.get::<_, i64>(0)
