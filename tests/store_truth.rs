@@ -6,13 +6,17 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{assert_error, counter_path, TestApp};
-use counter_gateway::domain::{CounterKey, Increment, Kind, ManualClock};
+use common::{assert_error, counter_path, Options, TestApp};
+use counter_gateway::domain::{Counter, CounterKey, Increment, Kind, ManualClock, Window};
 use counter_gateway::store::sqlite::{Durability, SqliteStore};
-use counter_gateway::store::{RequestOutcome, Store, WriteBatch};
+use counter_gateway::store::{
+    Average, BatchOutcome, Bucket, RequestOutcome, StaleQuery, Store, StoreError, TopAverages,
+    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
+};
 use serde_json::json;
 
 fn inc(uuid: &str, id: Option<&str>, now_ms: i64) -> Increment {
@@ -137,4 +141,246 @@ async fn after_a_failed_fsync_nothing_more_is_acknowledged_until_restart() {
     let app = app.restart().await;
     assert_eq!(app.get("/readyz").await.status, 200);
     assert_eq!(app.post(&path, json!({})).await.status, 200);
+}
+
+/// What the recording store saw, in one order shared with the client's replies.
+#[derive(Clone, Debug, PartialEq)]
+enum Event {
+    /// `apply` returned, with the uuids of its batch.
+    Applied(Vec<String>),
+    SyncStarted(usize),
+    SyncEnded(usize, bool),
+    /// The client got an answer for this uuid.
+    Reply(String, u16),
+}
+
+/// Wraps the real store: records apply and sync, and can make them fail with
+/// a message that must never reach a client.
+struct Recorder {
+    inner: Arc<dyn Store>,
+    log: Arc<Mutex<Vec<Event>>>,
+    fail_apply: Arc<AtomicBool>,
+    fail_sync: Arc<AtomicBool>,
+    fail_reads: Arc<AtomicBool>,
+}
+
+const SECRET: &str = "SECRET-DETAIL /var/lib/counters.sqlite3 errno 28";
+
+impl Recorder {
+    fn reads(&self) -> Result<(), StoreError> {
+        if self.fail_reads.load(SeqCst) {
+            return Err(StoreError::Unavailable(SECRET.into()));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Recorder {
+    async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        let uuids = batch
+            .requests
+            .iter()
+            .flatten()
+            .map(|e| e.key.uuid.to_string())
+            .collect();
+        if self.fail_apply.load(SeqCst) {
+            return Err(StoreError::Internal(SECRET.into()));
+        }
+        let out = self.inner.apply(batch).await?;
+        self.log.lock().unwrap().push(Event::Applied(uuids));
+        Ok(out)
+    }
+    async fn sync(&self) -> Result<(), StoreError> {
+        let n = {
+            let mut log = self.log.lock().unwrap();
+            let n = log
+                .iter()
+                .filter(|e| matches!(e, Event::SyncStarted(_)))
+                .count();
+            log.push(Event::SyncStarted(n));
+            n
+        };
+        // Long enough for the next flush to be applied meanwhile.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let result = if self.fail_sync.load(SeqCst) {
+            Err(StoreError::Internal(SECRET.into()))
+        } else {
+            self.inner.sync().await
+        };
+        self.log
+            .lock()
+            .unwrap()
+            .push(Event::SyncEnded(n, result.is_ok()));
+        result
+    }
+    async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError> {
+        self.reads()?;
+        self.inner.get(key).await
+    }
+    async fn target_counters(&self, e: &str, u: &str) -> Result<Vec<Counter>, StoreError> {
+        self.reads()?;
+        self.inner.target_counters(e, u).await
+    }
+    async fn delete(&self, key: &CounterKey) -> Result<bool, StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.ready().await
+    }
+    async fn histogram(
+        &self,
+        key: &CounterKey,
+        window: Window,
+    ) -> Result<Option<Vec<Bucket>>, StoreError> {
+        self.reads()?;
+        self.inner.histogram(key, window).await
+    }
+    async fn top(&self, q: &TopQuery) -> Result<TopList, StoreError> {
+        self.reads()?;
+        self.inner.top(q).await
+    }
+    async fn stale(&self, q: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
+        self.inner.stale(q).await
+    }
+    async fn unused(&self, before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
+        self.inner.unused(before_ms).await
+    }
+    async fn average(
+        &self,
+        key: &CounterKey,
+        window: Option<Window>,
+    ) -> Result<Option<Average>, StoreError> {
+        self.inner.average(key, window).await
+    }
+    async fn top_averages(&self, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
+        self.inner.top_averages(q).await
+    }
+}
+
+struct Recorded {
+    app: TestApp,
+    log: Arc<Mutex<Vec<Event>>>,
+    fail_apply: Arc<AtomicBool>,
+    fail_sync: Arc<AtomicBool>,
+    fail_reads: Arc<AtomicBool>,
+}
+
+async fn recorded() -> Recorded {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let fail_apply = Arc::new(AtomicBool::new(false));
+    let fail_sync = Arc::new(AtomicBool::new(false));
+    let fail_reads = Arc::new(AtomicBool::new(false));
+    let (l, a, s, r) = (
+        log.clone(),
+        fail_apply.clone(),
+        fail_sync.clone(),
+        fail_reads.clone(),
+    );
+    let app = TestApp::start_wrapped(Options::default(), move |inner| {
+        Arc::new(Recorder {
+            inner,
+            log: l,
+            fail_apply: a,
+            fail_sync: s,
+            fail_reads: r,
+        })
+    })
+    .await;
+    Recorded {
+        app,
+        log,
+        fail_apply,
+        fail_sync,
+        fail_reads,
+    }
+}
+
+/// Sends one increment per uuid, all at once, and logs each answer into the
+/// store's log as it arrives.
+async fn increments(rec: &Recorded, prefix: &str, n: usize) {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let uuid = format!("{prefix}{i}");
+        let url = rec.app.url(&counter_path("V", "VIEW", &uuid, "/increment"));
+        let http = rec.app.http.clone();
+        let log = rec.log.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = common::read(http.post(url).json(&json!({})).send().await.unwrap()).await;
+            log.lock().unwrap().push(Event::Reply(uuid, r.status));
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// No answer precedes the sync that began after its apply (and ended well);
+/// a failed sync answers no 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_acknowledgement_precedes_the_fsync_that_covers_it() {
+    let rec = recorded().await;
+    increments(&rec, "ok-", 64).await;
+    let log = rec.log.lock().unwrap().clone();
+    let mut acked = 0;
+    for (at, e) in log.iter().enumerate() {
+        let Event::Reply(uuid, status) = e else {
+            continue;
+        };
+        assert_eq!(*status, 200, "{uuid}");
+        acked += 1;
+        let applied = log
+            .iter()
+            .position(|e| matches!(e, Event::Applied(u) if u.contains(uuid)))
+            .unwrap_or_else(|| panic!("{uuid} answered but never applied"));
+        assert!(applied < at, "{uuid} answered before its apply returned");
+        let covered = log[applied..at].iter().any(|e| match e {
+            Event::SyncStarted(k) => log[applied..at].contains(&Event::SyncEnded(*k, true)),
+            _ => false,
+        });
+        assert!(
+            covered,
+            "{uuid} answered before a sync that began after its apply ended: {log:?}"
+        );
+    }
+    assert_eq!(acked, 64);
+
+    rec.fail_sync.store(true, SeqCst);
+    rec.log.lock().unwrap().clear();
+    increments(&rec, "lost-", 16).await;
+    let log = rec.log.lock().unwrap().clone();
+    for e in &log {
+        if let Event::Reply(uuid, status) = e {
+            assert_eq!(*status, 503, "{uuid} acknowledged though its sync failed");
+        }
+    }
+}
+
+/// A store's own words (paths, SQLite messages) stay in the log; clients
+/// get a stable type and a short reason that keeps the meaning exact.
+#[tokio::test]
+async fn store_errors_reach_clients_as_a_type_and_a_short_reason() {
+    let rec = recorded().await;
+    let app = &rec.app;
+    let path = counter_path("V", "VIEW", "e", "/increment");
+
+    rec.fail_apply.store(true, SeqCst);
+    let r = app.post(&path, json!({})).await;
+    assert_error(&r, 503, "unavailable", &["nothing", "applied", "logged as"]);
+    assert!(!r.text.contains("SECRET"), "{}", r.text);
+    rec.fail_apply.store(false, SeqCst);
+
+    rec.fail_sync.store(true, SeqCst);
+    let r = app.post(&path, json!({})).await;
+    assert_error(&r, 503, "unavailable", &["may or may not", "logged as"]);
+    assert!(!r.text.contains("SECRET"), "{}", r.text);
+    rec.fail_sync.store(false, SeqCst);
+
+    rec.fail_reads.store(true, SeqCst);
+    let r = app.get(&counter_path("V", "VIEW", "e", "")).await;
+    assert_error(&r, 503, "unavailable", &["logged as"]);
+    assert!(!r.text.contains("SECRET"), "{}", r.text);
+    let r = app.get("/v1/top/V/VIEW").await;
+    assert_error(&r, 503, "unavailable", &["logged as"]);
+    assert!(!r.text.contains("SECRET"), "{}", r.text);
 }

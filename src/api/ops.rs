@@ -29,7 +29,7 @@ pub async fn readyz(State(gw): State<Gateway>) -> Result<impl IntoResponse, ApiE
         .await
         .map_err(|e| match e {
             StoreError::Halted(why) => ApiError::Unavailable(format!("not ready: {why}")),
-            e => ApiError::Unavailable(format!("not ready: {e}")),
+            e => ApiError::store("not ready: the store does not answer", e),
         })?;
     Ok((StatusCode::OK, Json(json!({"status": "ready"}))))
 }
