@@ -48,6 +48,13 @@ pub enum ApiError {
     Overloaded,
     #[error("{0}")]
     Unavailable(String),
+    /// The store failed. `reason` (ours) says what became of the request,
+    /// exactly: clients rely on "nothing applied" versus "may have been
+    /// applied". `detail` (the store's own words: SQLite or Elasticsearch
+    /// messages, paths) goes to the log only, under a request id that the
+    /// answer names.
+    #[error("{reason}")]
+    Store { reason: String, detail: String },
     /// Too many requests from this client; retry after this many seconds.
     #[error("too many requests from this client; retry after {0} second(s)")]
     RateLimited(u64),
@@ -69,9 +76,10 @@ impl ApiError {
             ApiError::Overflow(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Overloaded | ApiError::Unavailable(_) | ApiError::Timeout(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Overloaded
+            | ApiError::Unavailable(_)
+            | ApiError::Store { .. }
+            | ApiError::Timeout(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -89,7 +97,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Overloaded => "overloaded",
-            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Unavailable(_) | ApiError::Store { .. } => "unavailable",
             ApiError::RateLimited(_) => "rate_limited",
             ApiError::Timeout(_) => "timeout",
             ApiError::Internal(_) => "internal_error",
@@ -114,9 +122,19 @@ struct Inner<'a> {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if let ApiError::Internal(detail) = &self {
-            tracing::error!(detail = %detail, "internal error");
-        }
+        let reason = match &self {
+            ApiError::Internal(detail) => {
+                let id = request_id();
+                tracing::error!(request_id = %id, detail = %detail, "internal error");
+                format!("internal error; it was logged as {id}")
+            }
+            ApiError::Store { reason, detail } => {
+                let id = request_id();
+                tracing::error!(request_id = %id, detail = %detail, "store error");
+                format!("{reason}; the cause was logged as {id}")
+            }
+            other => other.to_string(),
+        };
         let details = match &self {
             ApiError::InvalidEvents(d) => Some(d.as_slice()),
             _ => None,
@@ -124,7 +142,7 @@ impl IntoResponse for ApiError {
         let body = Body {
             error: Inner {
                 kind: self.kind(),
-                reason: self.to_string(),
+                reason,
                 details,
             },
         };
@@ -148,11 +166,36 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// An id for one logged failure, unique in this process and unlikely to
+/// repeat across restarts: the start time and a sequence number, in hex.
+fn request_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STARTED: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let started = STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis())
+    });
+    format!("req-{started:x}-{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+impl ApiError {
+    /// A store failure: `reason` for the client, `detail` for the log.
+    pub fn store(reason: &str, detail: impl std::fmt::Display) -> ApiError {
+        ApiError::Store {
+            reason: reason.into(),
+            detail: detail.to_string(),
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Unavailable(m) => ApiError::Unavailable(m),
+            StoreError::Unavailable(m) => ApiError::store("the store did not answer", m),
             StoreError::Internal(m) => ApiError::Internal(m),
+            StoreError::Halted(m) => ApiError::Unavailable(m),
         }
     }
 }
@@ -165,16 +208,19 @@ impl From<SubmitError> for ApiError {
             SubmitError::TimedOut => ApiError::Unavailable(
                 "the store did not confirm the write in time; it may or may not have been applied (send an event id to retry safely)".into(),
             ),
-            SubmitError::NotDurable(m) => ApiError::Unavailable(format!(
-                "the write reached the store but could not be made durable ({m}); it may or may not survive a crash"
-            )),
+            SubmitError::NotDurable(m) => ApiError::store(
+                "the write reached the store but could not be made durable; it may or may not survive a crash (send an event id to retry safely)",
+                m,
+            ),
+            SubmitError::Halted(m) => ApiError::Unavailable(m),
             SubmitError::Overflow(key) => ApiError::Overflow(format!(
                 "counter {key} would leave the signed 64-bit range; nothing of the request was applied"
             )),
-            SubmitError::Store(m) => ApiError::Unavailable(format!("the store failed; nothing of the request was applied: {m}")),
-            SubmitError::Incomplete(m) => ApiError::Unavailable(format!(
-                "the store could not apply all of the request ({m}); part of it may have been applied, so retry with event ids to count each event once"
-            )),
+            SubmitError::Store(m) => ApiError::store("the store could not apply the request; nothing of the request was applied", m),
+            SubmitError::Incomplete(m) => ApiError::store(
+                "the store could not apply all of the request; part of it may have been applied, so retry with event ids to count each event once",
+                m,
+            ),
         }
     }
 }

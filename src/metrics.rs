@@ -204,7 +204,7 @@ impl Metrics {
     }
 
     /// Prometheus text exposition format, with the gauges read at scrape time.
-    pub fn render(&self, queue_depth: usize, tenants: usize) -> String {
+    pub fn render(&self, queue_depth: usize, tenants: usize, idempotency_ids: i64) -> String {
         let mut out = String::new();
         let mut put = |name: &str, kind: &str, help: &str, value: f64| {
             let _ = writeln!(
@@ -259,6 +259,12 @@ impl Metrics {
             "gauge",
             "Tenants open, each with its own store and pipeline.",
             tenants as f64,
+        );
+        put(
+            "counter_gateway_idempotency_ids",
+            "gauge",
+            "Idempotency ids the embedded store keeps (counted every few seconds; expired ones are deleted in the background).",
+            idempotency_ids as f64,
         );
         let (incs, writes) = (
             self.flushed_increments.load(Relaxed),

@@ -8,8 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{assert_error, counter_path, key_line, Options, TestApp, MAX_BODY_BYTES, MAX_EVENTS};
-use counter_gateway::domain::{Counter, CounterKey};
-use counter_gateway::store::{BatchOutcome, Store, StoreError, WriteBatch};
+use counter_gateway::domain::{Counter, CounterKey, Window};
+use counter_gateway::store::{
+    Average, BatchOutcome, Bucket, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
+    TopList, TopQuery, UnusedPair, WriteBatch,
+};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -122,6 +125,35 @@ impl Store for Stuck {
     }
     async fn ready(&self) -> Result<(), StoreError> {
         self.inner.ready().await
+    }
+    async fn sync(&self) -> Result<(), StoreError> {
+        self.inner.sync().await
+    }
+    async fn histogram(
+        &self,
+        key: &CounterKey,
+        window: Window,
+    ) -> Result<Option<Vec<Bucket>>, StoreError> {
+        self.inner.histogram(key, window).await
+    }
+    async fn top(&self, q: &TopQuery) -> Result<TopList, StoreError> {
+        self.inner.top(q).await
+    }
+    async fn stale(&self, q: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
+        self.inner.stale(q).await
+    }
+    async fn unused(&self, before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
+        self.inner.unused(before_ms).await
+    }
+    async fn average(
+        &self,
+        key: &CounterKey,
+        window: Option<Window>,
+    ) -> Result<Option<Average>, StoreError> {
+        self.inner.average(key, window).await
+    }
+    async fn top_averages(&self, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
+        self.inner.top_averages(q).await
     }
 }
 

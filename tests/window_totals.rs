@@ -486,3 +486,64 @@ async fn a_clock_stepping_back_over_midnight_keeps_lists_exact() {
     );
     assert_eq!(kept_rows(dir.path(), 7), 3);
 }
+
+/// A window's total must stay a signed 64-bit integer, or its list breaks
+/// (SQLite turns an overflowing `total + x` into a REAL, and `sum()` fails).
+/// The counter's value stays in range here (−MAX, 0, MAX), but the window
+/// over the last two days would sum to 2·MAX: that increment is refused
+/// (409, like a counter overflow), and every list, from the kept totals or
+/// by summing buckets, answers exactly.
+#[tokio::test]
+async fn an_increment_that_would_take_a_window_past_i64_is_refused() {
+    let t = t0();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _clock) = open(dir.path(), t);
+    let max = i64::MAX;
+    write(&store, vec![inc("a", t - 2, -max, None)]).await;
+    write(&store, vec![inc("a", t - 1, max, None)]).await;
+    let out = store
+        .apply(WriteBatch {
+            requests: vec![vec![inc("a", t, max, None)], vec![inc("b", t, 5, None)]],
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out.requests[0], RequestOutcome::Overflow { key } if &*key.uuid == "a"),
+        "{:?}",
+        out.requests[0]
+    );
+    assert!(matches!(out.requests[1], RequestOutcome::Applied { .. }));
+    let key = CounterKey::new("VIDEO", "VIEW", "a").unwrap();
+    assert_eq!(store.get(&key).await.unwrap().unwrap().value, 0);
+    // Kept totals (named windows ending today) and summed buckets (any
+    // other window) both answer, and agree.
+    for len in LENGTHS {
+        let got = top(&store, len, None, 10).await;
+        let want = if len == 1 {
+            list(&[("b", 5)])
+        } else {
+            list(&[("b", 5), ("a", 0)])
+        };
+        assert_eq!(pairs(&got), want, "window of {len} days");
+    }
+    for (from, to, want) in [
+        (t - 1, t, list(&[("a", max), ("b", 5)])),
+        (t - 2, t - 1, list(&[("a", 0)])),
+        (t - 2, t - 2, list(&[("a", -max)])),
+    ] {
+        let got = store
+            .top(&TopQuery {
+                entity: "VIDEO".into(),
+                action: "VIEW".into(),
+                window: Some(Window {
+                    from_day: from,
+                    to_day: to,
+                }),
+                category: None,
+                size: 10,
+            })
+            .await
+            .expect("a summed window answers");
+        assert_eq!(pairs(&got.entries), want, "days {from}..={to}");
+    }
+}

@@ -9,6 +9,7 @@ use serde_json::json;
 use super::access::Operator;
 use super::Gateway;
 use crate::error::ApiError;
+use crate::store::StoreError;
 
 /// The process is alive and serving HTTP; says nothing of the store.
 pub async fn healthz() -> impl IntoResponse {
@@ -26,7 +27,10 @@ pub async fn readyz(State(gw): State<Gateway>) -> Result<impl IntoResponse, ApiE
         .store
         .ready()
         .await
-        .map_err(|e| ApiError::Unavailable(format!("not ready: {e}")))?;
+        .map_err(|e| match e {
+            StoreError::Halted(why) => ApiError::Unavailable(format!("not ready: {why}")),
+            e => ApiError::store("not ready: the store does not answer", e),
+        })?;
     Ok((StatusCode::OK, Json(json!({"status": "ready"}))))
 }
 
@@ -35,7 +39,10 @@ pub async fn readyz(State(gw): State<Gateway>) -> Result<impl IntoResponse, ApiE
 pub async fn metrics(_: Operator, State(gw): State<Gateway>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        gw.metrics
-            .render(gw.tenants.queue_depth(), gw.tenants.count()),
+        gw.metrics.render(
+            gw.tenants.queue_depth(),
+            gw.tenants.count(),
+            crate::store::sqlite::idempotency_ids(),
+        ),
     )
 }

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use super::{Applied, Message, PipelineConfig, Submission, SubmitError};
 use crate::metrics::Metrics;
-use crate::store::{RequestOutcome, Store, WriteBatch};
+use crate::store::{RequestOutcome, Store, StoreError, WriteBatch};
 
 pub(super) async fn run(
     store: Arc<dyn Store>,
@@ -129,9 +129,15 @@ async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) -> A
         Err(e) => {
             metrics.record_store_error();
             tracing::error!(error = %e, requests = replies.len(), "flush failed");
+            let answer = match &e {
+                StoreError::Halted(why) => {
+                    SubmitError::Halted(format!("{why}; nothing of the request was applied"))
+                }
+                _ => SubmitError::Store(e.to_string()),
+            };
             replies
                 .into_iter()
-                .map(|(reply, _, permit)| (reply, Err(SubmitError::Store(e.to_string())), permit))
+                .map(|(reply, _, permit)| (reply, Err(answer.clone()), permit))
                 .collect()
         }
     }
@@ -151,6 +157,9 @@ async fn sync_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Answer
         }
         for (reply, answer, permit) in answers {
             let answer = match (&synced, answer) {
+                (Err(StoreError::Halted(why)), Ok(_)) => Err(SubmitError::Halted(format!(
+                    "{why}; the write reached the store but may or may not survive a crash"
+                ))),
                 (Err(e), Ok(_)) => Err(SubmitError::NotDurable(e.to_string())),
                 (_, answer) => answer,
             };

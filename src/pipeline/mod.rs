@@ -60,13 +60,18 @@ pub enum SubmitError {
     /// may not be applied (an `id` makes the retry safe).
     TimedOut,
     /// Written, but the fsync that would make it durable failed: it may or
-    /// may not survive a crash.
+    /// may not survive a crash. The text is the store's, for the log.
     NotDurable(String),
+    /// The store acknowledges nothing more until restart; the text, meant
+    /// for the client, says why and what became of this request.
+    Halted(String),
     /// Applying it would overflow this counter; nothing of the request was applied.
     Overflow(CounterKey),
     /// The flush failed as a whole; nothing of the request was applied.
+    /// The text is the store's, for the log.
     Store(String),
     /// The store gave up on this request; part of it may have been applied.
+    /// The text is the store's, for the log.
     Incomplete(String),
 }
 

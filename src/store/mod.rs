@@ -58,7 +58,15 @@ pub enum StoreError {
     /// Anything else: a bug, a corrupt database, a full disk.
     #[error("store error: {0}")]
     Internal(String),
+    /// The store acknowledges nothing more until the gateway restarts (an
+    /// fsync failed: the kernel may have dropped the written pages and
+    /// report the next fsync as fine). The message is meant for clients.
+    #[error("{0}")]
+    Halted(String),
 }
+
+/// Why an embedded store halted, as clients and `/readyz` are told.
+pub const HALTED_AFTER_FSYNC: &str = "the store stopped acknowledging writes after an fsync of its write-ahead log failed (the disk may have dropped written data); restart the gateway once the disk is healthy";
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -67,10 +75,10 @@ pub trait Store: Send + Sync + 'static {
     async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError>;
     /// Makes every batch applied so far durable. Split from `apply` so the
     /// pipeline can write the next batch while this one reaches the disk; a
-    /// store whose `apply` is already durable (Elasticsearch) keeps the default.
-    async fn sync(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
+    /// store whose `apply` is already durable (Elasticsearch) says so in a
+    /// no-op of its own. No default: a wrapper that forgot to forward it
+    /// would silently drop durability.
+    async fn sync(&self) -> Result<(), StoreError>;
     /// One counter, or `None` if it was never counted (or was deleted).
     async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError>;
     /// Every counter of one target (entity + uuid), ordered by action.
@@ -84,46 +92,29 @@ pub trait Store: Send + Sync + 'static {
     /// counter does not exist.
     async fn histogram(
         &self,
-        _key: &CounterKey,
-        _window: Window,
-    ) -> Result<Option<Vec<Bucket>>, StoreError> {
-        Err(not_yet("histogram"))
-    }
+        key: &CounterKey,
+        window: Window,
+    ) -> Result<Option<Vec<Bucket>>, StoreError>;
 
     /// The highest counters; see [`TopQuery`] for the order.
-    async fn top(&self, _query: &TopQuery) -> Result<TopList, StoreError> {
-        Err(not_yet("top"))
-    }
+    async fn top(&self, query: &TopQuery) -> Result<TopList, StoreError>;
 
     /// Counters untouched since a cut-off, oldest first, one page.
-    async fn stale(&self, _query: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
-        Err(not_yet("stale"))
-    }
+    async fn stale(&self, query: &StaleQuery) -> Result<Vec<Counter>, StoreError>;
 
     /// Entity/action pairs none of whose counters was touched since `before_ms`.
-    async fn unused(&self, _before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
-        Err(not_yet("unused"))
-    }
+    async fn unused(&self, before_ms: i64) -> Result<Vec<UnusedPair>, StoreError>;
 
     /// One average counter, all time or inside `window`; `None` if it never
     /// had a sample (or was deleted).
     async fn average(
         &self,
-        _key: &CounterKey,
-        _window: Option<Window>,
-    ) -> Result<Option<Average>, StoreError> {
-        Err(not_yet("average"))
-    }
+        key: &CounterKey,
+        window: Option<Window>,
+    ) -> Result<Option<Average>, StoreError>;
 
     /// The highest averages; see [`TopAveragesQuery`] for the order.
-    async fn top_averages(&self, _query: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
-        Err(not_yet("top_averages"))
-    }
-}
-
-/// A store method's default while a backend has not implemented it.
-fn not_yet(method: &str) -> StoreError {
-    StoreError::Internal(format!("{method} is not supported by this store yet"))
+    async fn top_averages(&self, query: &TopAveragesQuery) -> Result<TopAverages, StoreError>;
 }
 
 /// One day bucket of a counter's histogram.

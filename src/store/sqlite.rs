@@ -108,6 +108,33 @@ pub struct SqliteStore {
     /// When the last flush committed: the background roll-up yields to a
     /// busy write path.
     last_write: Arc<Idle>,
+    /// The kept idempotency ids as last counted by the background; held
+    /// here so that it counts in [`idempotency_ids`] while the store is open.
+    _ids: Arc<AtomicI64>,
+    /// Set for good when an fsync of the WAL fails: every later apply, sync
+    /// and readiness check then fails, until restart.
+    halted: Arc<std::sync::atomic::AtomicBool>,
+    /// While armed, the WAL fsync fails as a full or failing disk would.
+    fsync_fault: FsyncFault,
+}
+
+/// A fault hook for tests: while armed, [`Store::sync`] fails as if the
+/// kernel had reported an fsync error (`EIO`), without touching the disk.
+#[derive(Clone, Debug, Default)]
+pub struct FsyncFault(Arc<std::sync::atomic::AtomicBool>);
+
+impl FsyncFault {
+    pub fn arm(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn disarm(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+
+    fn armed(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 /// Milliseconds since the store opened at which the last flush committed.
@@ -153,29 +180,120 @@ const ROLLUP_QUIET_MS: i64 = 1_000;
 /// anyway so that the log stays bounded.
 const ROLLUP_MAX_BACKLOG: i64 = 1_000_000;
 
-/// Folds the change log into the window totals in the background until the
-/// store is dropped (the writer then has no other owner).
-fn spawn_rollup(writer: std::sync::Weak<Mutex<Connection>>, clock: Clock, idle: Arc<Idle>) {
+/// Idempotency ids deleted per statement of the background expiry, and how
+/// long each turn may keep deleting: bounded, so a flush waits at most this
+/// long for the writer, and expiry is never part of a flush's result.
+const EXPIRE_BATCH: i64 = 5_000;
+const EXPIRE_BUDGET: std::time::Duration = std::time::Duration::from_millis(20);
+/// How often the kept ids are counted for `/metrics` (a scan of their index,
+/// on a connection of its own, so the writer is not held for it).
+const COUNT_IDS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The background work of a store, until the store is dropped (the writer
+/// then has no other owner): forgets expired idempotency ids, counts the
+/// kept ones, and folds the change log into the window totals.
+struct Background {
+    writer: std::sync::Weak<Mutex<Connection>>,
+    path: PathBuf,
+    clock: Clock,
+    idle: Arc<Idle>,
+    id_window_ms: i64,
+    ids: Arc<AtomicI64>,
+}
+
+fn spawn_background(bg: Background) {
     let spawned = std::thread::Builder::new()
-        .name("window-rollup".into())
-        .spawn(move || loop {
-            std::thread::sleep(ROLLUP_EVERY);
-            let Some(writer) = writer.upgrade() else {
-                return;
-            };
-            let Ok(mut conn) = writer.lock() else { return };
-            let busy = idle.quiet_for_ms() < ROLLUP_QUIET_MS;
-            if busy && rollup::backlog(&conn).unwrap_or(0) < ROLLUP_MAX_BACKLOG {
-                continue;
-            }
-            if let Err(e) = rollup::run_for(&mut conn, clock.today(), ROLLUP_BUDGET) {
-                tracing::warn!("window roll-up step failed (queries catch up themselves): {e}");
+        .name("store-background".into())
+        .spawn(move || {
+            let mut counted = std::time::Instant::now();
+            loop {
+                std::thread::sleep(ROLLUP_EVERY);
+                let Some(writer) = bg.writer.upgrade() else {
+                    return;
+                };
+                let Ok(mut conn) = writer.lock() else { return };
+                let expired_before = bg.clock.now_ms().saturating_sub(bg.id_window_ms);
+                if let Err(e) = expire_ids(&conn, expired_before, EXPIRE_BUDGET) {
+                    tracing::warn!("idempotency-id expiry failed (retried later): {e}");
+                }
+                let busy = bg.idle.quiet_for_ms() < ROLLUP_QUIET_MS;
+                if !busy || rollup::backlog(&conn).unwrap_or(0) >= ROLLUP_MAX_BACKLOG {
+                    if let Err(e) = rollup::run_for(&mut conn, bg.clock.today(), ROLLUP_BUDGET) {
+                        tracing::warn!(
+                            "window roll-up step failed (queries catch up themselves): {e}"
+                        );
+                    }
+                }
+                drop(conn);
+                drop(writer);
+                if counted.elapsed() >= COUNT_IDS_EVERY {
+                    counted = std::time::Instant::now();
+                    match Connection::open(&bg.path)
+                        .map_err(internal)
+                        .and_then(|c| count_ids(&c))
+                    {
+                        Ok(n) => bg.ids.store(n, Ordering::Relaxed),
+                        Err(e) => tracing::warn!("cannot count idempotency ids: {e}"),
+                    }
+                }
             }
         });
     if let Err(e) = spawned {
-        tracing::warn!("no background window roll-up (queries catch up themselves): {e}");
+        tracing::warn!("no background expiry and roll-up (queries catch up themselves): {e}");
     }
 }
+
+/// Deletes idempotency ids seen before `expired_before`, oldest first, in
+/// batches of [`EXPIRE_BATCH`] (each its own transaction, through the
+/// `event_ids_by_age` index), until none is left or `budget` is spent.
+/// Returns how many were deleted. Claims already treat an id older than the
+/// window as new, so how late this runs never changes an answer.
+fn expire_ids(
+    conn: &Connection,
+    expired_before: i64,
+    budget: std::time::Duration,
+) -> Result<u64, StoreError> {
+    let started = std::time::Instant::now();
+    let mut deleted = 0u64;
+    let mut s = conn
+        .prepare_cached(
+            "DELETE FROM event_ids WHERE id IN (
+                 SELECT id FROM event_ids INDEXED BY event_ids_by_age
+                 WHERE seen_ms < ?1 ORDER BY seen_ms LIMIT ?2)",
+        )
+        .map_err(internal)?;
+    loop {
+        let n = s
+            .execute(params![expired_before, EXPIRE_BATCH])
+            .map_err(internal)?;
+        deleted += n as u64;
+        if (n as i64) < EXPIRE_BATCH || started.elapsed() >= budget {
+            return Ok(deleted);
+        }
+    }
+}
+
+fn count_ids(conn: &Connection) -> Result<i64, StoreError> {
+    conn.query_row("SELECT count(*) FROM event_ids", [], |r| r.get(0))
+        .map_err(internal)
+}
+
+/// The idempotency ids kept by every embedded store open in this process
+/// (one per tenant), as last counted: `counter_gateway_idempotency_ids`.
+pub fn idempotency_ids() -> i64 {
+    let Ok(mut gauges) = ID_GAUGES.lock() else {
+        return 0;
+    };
+    gauges.retain(|g| g.strong_count() > 0);
+    gauges
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .map(|g| g.load(Ordering::Relaxed))
+        .sum()
+}
+
+/// Each open store's count of kept ids; a closed store's entry dies with it.
+static ID_GAUGES: Mutex<Vec<std::sync::Weak<AtomicI64>>> = Mutex::new(Vec::new());
 
 /// Roll-up steps a top query may run to catch up before it sums buckets instead.
 const QUERY_MAX_STEPS: usize = 3;
@@ -262,18 +380,46 @@ impl SqliteStore {
             Durability::Full => Some(Arc::new(open_wal(data_dir, &path)?)),
             Durability::Relaxed => None,
         };
+        let id_window_ms = i64::try_from(id_window.as_millis()).unwrap_or(i64::MAX);
+        let ids = Arc::new(AtomicI64::new(count_ids(&conn)?));
+        if let Ok(mut gauges) = ID_GAUGES.lock() {
+            gauges.push(Arc::downgrade(&ids));
+        }
         let writer = Arc::new(Mutex::new(conn));
         let last_write = Arc::new(Idle::new());
-        spawn_rollup(Arc::downgrade(&writer), clock.clone(), last_write.clone());
+        spawn_background(Background {
+            writer: Arc::downgrade(&writer),
+            path: path.clone(),
+            clock: clock.clone(),
+            idle: last_write.clone(),
+            id_window_ms,
+            ids: ids.clone(),
+        });
         Ok(SqliteStore {
+            _ids: ids,
             clock,
             last_write,
             path,
             writer,
             readers: Arc::new(Mutex::new(Vec::new())),
-            id_window_ms: i64::try_from(id_window.as_millis()).unwrap_or(i64::MAX),
+            id_window_ms,
             wal,
+            fsync_fault: FsyncFault::default(),
+            halted: Arc::default(),
         })
+    }
+
+    /// `Err(Halted)` once an fsync has failed.
+    fn check_halted(&self) -> Result<(), StoreError> {
+        if self.halted.load(Ordering::SeqCst) {
+            return Err(StoreError::Halted(super::HALTED_AFTER_FSYNC.into()));
+        }
+        Ok(())
+    }
+
+    /// The hook that makes this store's fsyncs fail while armed (tests).
+    pub fn fsync_fault(&self) -> FsyncFault {
+        self.fsync_fault.clone()
     }
 
     async fn with_writer<T: Send + 'static>(
@@ -549,6 +695,7 @@ fn read_counter(row: &rusqlite::Row<'_>, key: CounterKey) -> rusqlite::Result<Co
 #[async_trait]
 impl Store for SqliteStore {
     async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        self.check_halted()?;
         let id_window_ms = self.id_window_ms;
         let last_write = self.last_write.clone();
         let now_ms = self.clock.now_ms();
@@ -558,12 +705,9 @@ impl Store for SqliteStore {
                 None => apply_one_by_one(conn, &batch, now_ms, id_window_ms)?,
             };
             last_write.wrote();
-            // Forget old idempotency ids now and then; cheap thanks to the index.
-            if now_ms % 64 == 0 {
-                conn.prepare_cached("DELETE FROM event_ids WHERE seen_ms < ?1")
-                    .and_then(|mut s| s.execute([now_ms.saturating_sub(id_window_ms)]))
-                    .map_err(internal)?;
-            }
+            // Nothing may follow the commit here that could fail: an error
+            // would tell every request of the flush that nothing was applied.
+            // Old idempotency ids are forgotten in the background.
             Ok(out)
         })
         .await
@@ -613,6 +757,7 @@ impl Store for SqliteStore {
     }
 
     async fn delete(&self, key: &CounterKey) -> Result<bool, StoreError> {
+        self.check_halted()?;
         let key = key.clone();
         let deleted = self.with_writer(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(internal)?;
@@ -637,16 +782,34 @@ impl Store for SqliteStore {
     }
 
     async fn sync(&self) -> Result<(), StoreError> {
+        self.check_halted()?;
         let Some(wal) = self.wal.clone() else {
             return Ok(());
         };
-        tokio::task::spawn_blocking(move || wal.sync_data())
-            .await
-            .map_err(|e| StoreError::Internal(format!("fsync task failed: {e}")))?
-            .map_err(|e| StoreError::Internal(format!("fsync of the write-ahead log failed: {e}")))
+        let fault = self.fsync_fault.clone();
+        let synced = tokio::task::spawn_blocking(move || {
+            if fault.armed() {
+                return Err(std::io::Error::from_raw_os_error(5)); // EIO
+            }
+            wal.sync_data()
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("fsync task failed: {e}")))?;
+        if let Err(e) = synced {
+            // PostgreSQL's lesson: after a failed fsync the kernel may have
+            // dropped the dirty pages and report the next fsync as fine, so
+            // no later fsync can vouch for what this one did not.
+            self.halted.store(true, Ordering::SeqCst);
+            tracing::error!(error = %e, "fsync of the write-ahead log failed; the store acknowledges no more writes until restart");
+            return Err(StoreError::Internal(format!(
+                "fsync of the write-ahead log failed: {e}"
+            )));
+        }
+        Ok(())
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
+        self.check_halted()?;
         self.with_reader(|conn| {
             conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
                 r.get::<_, i64>(0)

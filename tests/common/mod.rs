@@ -14,7 +14,7 @@ use counter_gateway::domain::{ManualClock, TimePolicy};
 use counter_gateway::metrics::Metrics;
 use counter_gateway::pipeline::PipelineConfig;
 use counter_gateway::ratelimit::RateLimiter;
-use counter_gateway::store::sqlite::{Durability, SqliteStore};
+use counter_gateway::store::sqlite::{Durability, FsyncFault, SqliteStore};
 use counter_gateway::store::Store;
 use counter_gateway::tenant::{Shared, Tenants};
 use counter_gateway::{gateway_router, AppState, Gateway, Limits};
@@ -81,6 +81,8 @@ pub struct TestApp {
     pub state: AppState,
     pub tenants: Arc<Tenants>,
     pub options: Options,
+    /// Makes the default tenant's WAL fsync fail while armed.
+    pub fsync_fault: FsyncFault,
     /// Kept alive (and removed on drop) by the app that created it.
     dir: Arc<TempDir>,
     server: JoinHandle<()>,
@@ -127,15 +129,15 @@ impl TestApp {
         options: Options,
         wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
     ) -> TestApp {
-        let store: Arc<dyn Store> = wrap(Arc::new(
-            SqliteStore::open(
-                dir.path(),
-                Durability::Full,
-                Duration::from_secs(7 * 86_400),
-                options.clock.clock(),
-            )
-            .expect("open store"),
-        ));
+        let sqlite = SqliteStore::open(
+            dir.path(),
+            Durability::Full,
+            Duration::from_secs(7 * 86_400),
+            options.clock.clock(),
+        )
+        .expect("open store");
+        let fsync_fault = sqlite.fsync_fault();
+        let store: Arc<dyn Store> = wrap(Arc::new(sqlite));
         let metrics = Arc::new(Metrics::default());
         let window = Duration::from_secs(7 * 86_400);
         let tenants = Arc::new(Tenants::start(
@@ -188,6 +190,7 @@ impl TestApp {
             state,
             tenants,
             options,
+            fsync_fault,
             dir,
             server,
             stop_server,

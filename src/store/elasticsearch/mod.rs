@@ -171,6 +171,13 @@ impl Store for ElasticsearchStore {
         self.apply_batch(batch).await
     }
 
+    /// A no-op on purpose: an `apply` returns only once `_bulk` answered for
+    /// every item, and a successful item is already durable on the cluster
+    /// (its translog is fsync'd before Elasticsearch answers).
+    async fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError> {
         self.get_counter(key).await
     }

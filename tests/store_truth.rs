@@ -1,0 +1,386 @@
+//! The embedded store tells the truth under faults: a failure after the
+//! commit is never reported as "nothing applied", a failed fsync stops every
+//! later acknowledgement until restart, no answer precedes the fsync that
+//! covers it, and store errors reach clients as a stable type and a short
+//! reason (the detail stays in the log, under a request id).
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{assert_error, counter_path, Options, TestApp};
+use counter_gateway::domain::{Counter, CounterKey, Increment, Kind, ManualClock, Window};
+use counter_gateway::store::sqlite::{Durability, SqliteStore};
+use counter_gateway::store::{
+    Average, BatchOutcome, Bucket, RequestOutcome, StaleQuery, Store, StoreError, TopAverages,
+    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
+};
+use serde_json::json;
+
+fn inc(uuid: &str, id: Option<&str>, now_ms: i64) -> Increment {
+    Increment {
+        key: CounterKey::new("VIDEO", "VIEW", uuid).unwrap(),
+        delta: 1,
+        category: None,
+        ts_ms: now_ms,
+        day: now_ms.div_euclid(86_400_000),
+        id: id.map(Arc::from),
+        kind: Kind::Counter,
+    }
+}
+
+fn at_ms(ms: i64) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::from_timestamp_millis(ms).unwrap()
+}
+
+fn id_rows(dir: &std::path::Path) -> i64 {
+    let conn = rusqlite::Connection::open(dir.join("counters.sqlite3")).unwrap();
+    conn.query_row("SELECT count(*) FROM event_ids", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// The expiry of old idempotency ids failing (a full disk) after a flush
+/// committed must not turn that flush into "nothing applied": the clients
+/// would retry and count twice. Expiry is background work, not part of a
+/// flush's result, and still runs (driven by the store's clock).
+#[tokio::test]
+async fn a_failing_id_expiry_never_fails_a_committed_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    // On a multiple of 64 ms: the old code expired ids inside such a flush.
+    let t0 = common::test_now().timestamp_millis() / 64 * 64;
+    let clock = ManualClock::new(at_ms(t0 + 1));
+    let window = Duration::from_secs(3600);
+    let store = SqliteStore::open(dir.path(), Durability::Relaxed, window, clock.clock()).unwrap();
+    let one = |uuid: &str, id: &str, ms: i64| WriteBatch {
+        requests: vec![vec![inc(uuid, Some(id), ms)]],
+    };
+    let out = store.apply(one("a", "old", t0 + 1)).await.unwrap();
+    assert_eq!(out.requests[0], RequestOutcome::Applied { duplicates: 0 });
+    // Deleting an id now fails the way a full disk makes it fail.
+    rusqlite::Connection::open(dir.path().join("counters.sqlite3"))
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER disk_full BEFORE DELETE ON event_ids
+             BEGIN SELECT RAISE(FAIL, 'database or disk is full'); END;",
+        )
+        .unwrap();
+    let later = t0 + 64 * 60_000 * 2; // two id windows on, still a multiple of 64
+    clock.set(at_ms(later));
+    let out = store
+        .apply(one("b", "new", later))
+        .await
+        .expect("a committed flush is reported as applied, whatever follows it");
+    assert_eq!(out.requests[0], RequestOutcome::Applied { duplicates: 0 });
+    let key = CounterKey::new("VIDEO", "VIEW", "b").unwrap();
+    assert_eq!(store.get(&key).await.unwrap().unwrap().value, 1);
+    // The retry of the same id is a duplicate: the flush was committed.
+    let out = store.apply(one("b", "new", later)).await.unwrap();
+    assert_eq!(out.requests[0], RequestOutcome::Applied { duplicates: 1 });
+
+    // Once deletes work again, the background forgets the expired id.
+    rusqlite::Connection::open(dir.path().join("counters.sqlite3"))
+        .unwrap()
+        .execute_batch("DROP TRIGGER disk_full")
+        .unwrap();
+    for _ in 0..200 {
+        if id_rows(dir.path()) == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the expired id was never deleted: {} rows",
+        id_rows(dir.path())
+    );
+}
+
+/// `/metrics` tells how many idempotency ids the embedded store keeps.
+#[tokio::test]
+async fn metrics_count_the_kept_idempotency_ids() {
+    let app = TestApp::start().await;
+    let events: Vec<_> = (0..5)
+        .map(|i| json!({"entity": "V", "action": "VIEW", "uuid": "m", "id": format!("m-{i}")}))
+        .collect();
+    let r = app.post("/v1/events", json!({ "events": events })).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    for _ in 0..200 {
+        if app.metric("counter_gateway_idempotency_ids").await >= 5.0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("counter_gateway_idempotency_ids never reached 5");
+}
+
+/// After a failed fsync the kernel may have dropped the dirty pages and
+/// report the next fsync as fine (PostgreSQL's lesson): the store then
+/// acknowledges nothing more until restart, and says so.
+#[tokio::test]
+async fn after_a_failed_fsync_nothing_more_is_acknowledged_until_restart() {
+    let app = TestApp::start().await;
+    let path = counter_path("V", "VIEW", "f", "/increment");
+    assert_eq!(app.post(&path, json!({})).await.status, 200);
+    app.fsync_fault.arm();
+    let r = app.post(&path, json!({})).await;
+    assert_error(&r, 503, "unavailable", &["may or may not"]);
+    // The disk "recovers": the next fsync would succeed, and prove nothing.
+    app.fsync_fault.disarm();
+    let r = app.post(&path, json!({})).await;
+    assert_error(&r, 503, "unavailable", &["fsync", "restart"]);
+    let r = app
+        .post(
+            "/v1/events",
+            json!({"events": [{"entity": "V", "action": "VIEW", "uuid": "g"}]}),
+        )
+        .await;
+    assert_error(&r, 503, "unavailable", &["fsync", "restart"]);
+    let r = app.get("/readyz").await;
+    assert_error(&r, 503, "unavailable", &["fsync"]);
+    let app = app.restart().await;
+    assert_eq!(app.get("/readyz").await.status, 200);
+    assert_eq!(app.post(&path, json!({})).await.status, 200);
+}
+
+/// What the recording store saw, in one order shared with the client's replies.
+#[derive(Clone, Debug, PartialEq)]
+enum Event {
+    /// `apply` returned, with the uuids of its batch.
+    Applied(Vec<String>),
+    SyncStarted(usize),
+    SyncEnded(usize, bool),
+    /// The client got an answer for this uuid.
+    Reply(String, u16),
+}
+
+/// Wraps the real store: records apply and sync, and can make them fail with
+/// a message that must never reach a client.
+struct Recorder {
+    inner: Arc<dyn Store>,
+    log: Arc<Mutex<Vec<Event>>>,
+    fail_apply: Arc<AtomicBool>,
+    fail_sync: Arc<AtomicBool>,
+    fail_reads: Arc<AtomicBool>,
+}
+
+const SECRET: &str = "SECRET-DETAIL /var/lib/counters.sqlite3 errno 28";
+
+impl Recorder {
+    fn reads(&self) -> Result<(), StoreError> {
+        if self.fail_reads.load(SeqCst) {
+            return Err(StoreError::Unavailable(SECRET.into()));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Recorder {
+    async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        let uuids = batch
+            .requests
+            .iter()
+            .flatten()
+            .map(|e| e.key.uuid.to_string())
+            .collect();
+        if self.fail_apply.load(SeqCst) {
+            return Err(StoreError::Internal(SECRET.into()));
+        }
+        let out = self.inner.apply(batch).await?;
+        self.log.lock().unwrap().push(Event::Applied(uuids));
+        Ok(out)
+    }
+    async fn sync(&self) -> Result<(), StoreError> {
+        let n = {
+            let mut log = self.log.lock().unwrap();
+            let n = log
+                .iter()
+                .filter(|e| matches!(e, Event::SyncStarted(_)))
+                .count();
+            log.push(Event::SyncStarted(n));
+            n
+        };
+        // Long enough for the next flush to be applied meanwhile.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let result = if self.fail_sync.load(SeqCst) {
+            Err(StoreError::Internal(SECRET.into()))
+        } else {
+            self.inner.sync().await
+        };
+        self.log
+            .lock()
+            .unwrap()
+            .push(Event::SyncEnded(n, result.is_ok()));
+        result
+    }
+    async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError> {
+        self.reads()?;
+        self.inner.get(key).await
+    }
+    async fn target_counters(&self, e: &str, u: &str) -> Result<Vec<Counter>, StoreError> {
+        self.reads()?;
+        self.inner.target_counters(e, u).await
+    }
+    async fn delete(&self, key: &CounterKey) -> Result<bool, StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.ready().await
+    }
+    async fn histogram(
+        &self,
+        key: &CounterKey,
+        window: Window,
+    ) -> Result<Option<Vec<Bucket>>, StoreError> {
+        self.reads()?;
+        self.inner.histogram(key, window).await
+    }
+    async fn top(&self, q: &TopQuery) -> Result<TopList, StoreError> {
+        self.reads()?;
+        self.inner.top(q).await
+    }
+    async fn stale(&self, q: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
+        self.inner.stale(q).await
+    }
+    async fn unused(&self, before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
+        self.inner.unused(before_ms).await
+    }
+    async fn average(
+        &self,
+        key: &CounterKey,
+        window: Option<Window>,
+    ) -> Result<Option<Average>, StoreError> {
+        self.inner.average(key, window).await
+    }
+    async fn top_averages(&self, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
+        self.inner.top_averages(q).await
+    }
+}
+
+struct Recorded {
+    app: TestApp,
+    log: Arc<Mutex<Vec<Event>>>,
+    fail_apply: Arc<AtomicBool>,
+    fail_sync: Arc<AtomicBool>,
+    fail_reads: Arc<AtomicBool>,
+}
+
+async fn recorded() -> Recorded {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let fail_apply = Arc::new(AtomicBool::new(false));
+    let fail_sync = Arc::new(AtomicBool::new(false));
+    let fail_reads = Arc::new(AtomicBool::new(false));
+    let (l, a, s, r) = (
+        log.clone(),
+        fail_apply.clone(),
+        fail_sync.clone(),
+        fail_reads.clone(),
+    );
+    let app = TestApp::start_wrapped(Options::default(), move |inner| {
+        Arc::new(Recorder {
+            inner,
+            log: l,
+            fail_apply: a,
+            fail_sync: s,
+            fail_reads: r,
+        })
+    })
+    .await;
+    Recorded {
+        app,
+        log,
+        fail_apply,
+        fail_sync,
+        fail_reads,
+    }
+}
+
+/// Sends one increment per uuid, all at once, and logs each answer into the
+/// store's log as it arrives.
+async fn increments(rec: &Recorded, prefix: &str, n: usize) {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let uuid = format!("{prefix}{i}");
+        let url = rec.app.url(&counter_path("V", "VIEW", &uuid, "/increment"));
+        let http = rec.app.http.clone();
+        let log = rec.log.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = common::read(http.post(url).json(&json!({})).send().await.unwrap()).await;
+            log.lock().unwrap().push(Event::Reply(uuid, r.status));
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// No answer precedes the sync that began after its apply (and ended well);
+/// a failed sync answers no 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_acknowledgement_precedes_the_fsync_that_covers_it() {
+    let rec = recorded().await;
+    increments(&rec, "ok-", 64).await;
+    let log = rec.log.lock().unwrap().clone();
+    let mut acked = 0;
+    for (at, e) in log.iter().enumerate() {
+        let Event::Reply(uuid, status) = e else {
+            continue;
+        };
+        assert_eq!(*status, 200, "{uuid}");
+        acked += 1;
+        let applied = log
+            .iter()
+            .position(|e| matches!(e, Event::Applied(u) if u.contains(uuid)))
+            .unwrap_or_else(|| panic!("{uuid} answered but never applied"));
+        assert!(applied < at, "{uuid} answered before its apply returned");
+        let covered = log[applied..at].iter().any(|e| match e {
+            Event::SyncStarted(k) => log[applied..at].contains(&Event::SyncEnded(*k, true)),
+            _ => false,
+        });
+        assert!(
+            covered,
+            "{uuid} answered before a sync that began after its apply ended: {log:?}"
+        );
+    }
+    assert_eq!(acked, 64);
+
+    rec.fail_sync.store(true, SeqCst);
+    rec.log.lock().unwrap().clear();
+    increments(&rec, "lost-", 16).await;
+    let log = rec.log.lock().unwrap().clone();
+    for e in &log {
+        if let Event::Reply(uuid, status) = e {
+            assert_eq!(*status, 503, "{uuid} acknowledged though its sync failed");
+        }
+    }
+}
+
+/// A store's own words (paths, SQLite messages) stay in the log; clients
+/// get a stable type and a short reason that keeps the meaning exact.
+#[tokio::test]
+async fn store_errors_reach_clients_as_a_type_and_a_short_reason() {
+    let rec = recorded().await;
+    let app = &rec.app;
+    let path = counter_path("V", "VIEW", "e", "/increment");
+
+    rec.fail_apply.store(true, SeqCst);
+    let r = app.post(&path, json!({})).await;
+    assert_error(&r, 503, "unavailable", &["nothing", "applied", "logged as"]);
+    assert!(!r.text.contains("SECRET"), "{}", r.text);
+    rec.fail_apply.store(false, SeqCst);
+
+    rec.fail_sync.store(true, SeqCst);
+    let r = app.post(&path, json!({})).await;
+    assert_error(&r, 503, "unavailable", &["may or may not", "logged as"]);
+    assert!(!r.text.contains("SECRET"), "{}", r.text);
+    rec.fail_sync.store(false, SeqCst);
+
+    rec.fail_reads.store(true, SeqCst);
+    let r = app.get(&counter_path("V", "VIEW", "e", "")).await;
+    assert_error(&r, 503, "unavailable", &["logged as"]);
+    assert!(!r.text.contains("SECRET"), "{}", r.text);
+    let r = app.get("/v1/top/V/VIEW").await;
+    assert_error(&r, 503, "unavailable", &["logged as"]);
+    assert!(!r.text.contains("SECRET"), "{}", r.text);
+}
