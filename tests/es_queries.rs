@@ -47,7 +47,7 @@ fn assert_body(actual: &Value, expected_file: &str) {
 }
 
 /// 2026-11-30
-const TODAY: i64 = 20_787;
+const GIVEN_DAY: i64 = 20_787;
 
 fn now() -> DateTime<Utc> {
     "2026-11-30T12:00:00Z".parse().unwrap()
@@ -98,8 +98,8 @@ fn increment(uuid: &str, count: i64) -> Increment {
 
 fn week() -> Window {
     Window {
-        from_day: TODAY - 6,
-        to_day: TODAY,
+        from_day: GIVEN_DAY - 6,
+        to_day: GIVEN_DAY,
     }
 }
 
@@ -127,10 +127,10 @@ fn average_samples_are_scripted_upserts_of_their_own_documents() {
         targets,
         [
             Target::Average,
-            Target::AverageBucket(TODAY),
-            Target::AverageBucket(TODAY - 3),
+            Target::AverageBucket(GIVEN_DAY),
+            Target::AverageBucket(GIVEN_DAY - 3),
             Target::Counter,
-            Target::Bucket(TODAY),
+            Target::Bucket(GIVEN_DAY),
         ]
     );
     assert_eq!((plan.writes[0].delta, plan.writes[0].quantity), (9, 2));
@@ -223,8 +223,8 @@ fn a_window_reads_only_the_months_it_overlaps() {
         "counter-gateway_default_histogram_counters-2026.11"
     );
     let across = Window {
-        from_day: TODAY - 6,
-        to_day: TODAY + 2,
+        from_day: GIVEN_DAY - 6,
+        to_day: GIVEN_DAY + 2,
     };
     let two = n.window_buckets(across, true);
     assert_eq!(two.months, 2);
@@ -234,18 +234,18 @@ fn a_window_reads_only_the_months_it_overlaps() {
     );
     // last_year (365 days) from 2026-11-30 starts 2025-12-01: 12 months.
     let year = Window {
-        from_day: TODAY - 364,
-        to_day: TODAY,
+        from_day: GIVEN_DAY - 364,
+        to_day: GIVEN_DAY,
     };
     assert_eq!(n.window_buckets(year, false).months, 12);
     let year_and_a_day = Window {
-        from_day: TODAY - 365,
-        to_day: TODAY,
+        from_day: GIVEN_DAY - 365,
+        to_day: GIVEN_DAY,
     };
     assert_eq!(n.window_buckets(year_and_a_day, false).months, 13);
     let long = Window {
-        from_day: TODAY - 3000,
-        to_day: TODAY,
+        from_day: GIVEN_DAY - 3000,
+        to_day: GIVEN_DAY,
     };
     let all = n.window_buckets(long, false);
     assert!(all.months > request::MAX_NAMED_MONTHS);
@@ -366,11 +366,11 @@ fn bucket_hits_become_days_and_sums() {
         b,
         [
             Bucket {
-                day: TODAY - 2,
+                day: GIVEN_DAY - 2,
                 value: 1
             },
             Bucket {
-                day: TODAY,
+                day: GIVEN_DAY,
                 value: -2
             }
         ]

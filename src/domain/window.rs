@@ -129,7 +129,7 @@ mod tests {
     use super::*;
 
     /// 2026-11-30
-    const TODAY: i64 = 20_787;
+    const GIVEN_DAY: i64 = 20_787;
 
     fn w(from_day: i64, to_day: i64) -> Option<Window> {
         Some(Window { from_day, to_day })
@@ -137,19 +137,22 @@ mod tests {
 
     #[test]
     fn today_is_what_the_tests_assume() {
-        assert_eq!(format_day(TODAY), "2026-11-30");
+        assert_eq!(format_day(GIVEN_DAY), "2026-11-30");
     }
 
     #[test]
     fn named_intervals_end_today_and_include_it() {
-        let r = |i| resolve(Some(i), None, None, TODAY).unwrap().window;
+        let r = |i| resolve(Some(i), None, None, GIVEN_DAY).unwrap().window;
         assert_eq!(r("all"), None);
-        assert_eq!(r("last_day"), w(TODAY, TODAY));
-        assert_eq!(r("last_week"), w(TODAY - 6, TODAY));
+        assert_eq!(r("last_day"), w(GIVEN_DAY, GIVEN_DAY));
+        assert_eq!(r("last_week"), w(GIVEN_DAY - 6, GIVEN_DAY));
         assert_eq!(r("last_week").unwrap().days(), 7);
         assert_eq!(r("last_month").unwrap().days(), 30);
         assert_eq!(r("last_year").unwrap().days(), 365);
-        assert_eq!(resolve(None, None, None, TODAY).unwrap().interval, "all");
+        assert_eq!(
+            resolve(None, None, None, GIVEN_DAY).unwrap().interval,
+            "all"
+        );
     }
 
     #[test]
@@ -158,19 +161,19 @@ mod tests {
             None,
             Some("2026-11-24"),
             Some("2026-11-26T23:59:59+00:00"),
-            TODAY,
+            GIVEN_DAY,
         )
         .unwrap();
         assert_eq!(r.interval, "range");
-        assert_eq!(r.window, w(TODAY - 6, TODAY - 4));
+        assert_eq!(r.window, w(GIVEN_DAY - 6, GIVEN_DAY - 4));
         // An instant is taken in UTC: 01:00 at +02:00 is the previous UTC day.
-        let r = resolve(None, Some("2026-11-25T01:00:00+02:00"), None, TODAY).unwrap();
-        assert_eq!(r.window, w(TODAY - 6, TODAY));
+        let r = resolve(None, Some("2026-11-25T01:00:00+02:00"), None, GIVEN_DAY).unwrap();
+        assert_eq!(r.window, w(GIVEN_DAY - 6, GIVEN_DAY));
     }
 
     #[test]
     fn bad_parameters_are_named() {
-        let e = |i, f, t| resolve(i, f, t, TODAY).unwrap_err();
+        let e = |i, f, t| resolve(i, f, t, GIVEN_DAY).unwrap_err();
         assert!(e(Some("last_decade"), None, None).starts_with("interval"));
         assert!(e(Some("last_week"), Some("2026-11-01"), None).starts_with("interval"));
         assert!(e(None, None, Some("2026-11-01")).starts_with("from"));
