@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use counter_gateway::domain::{day_of, CounterKey, Increment, Kind, ManualClock, Window};
+use counter_gateway::domain::{
+    day_of, CounterKey, Increment, Kind, ManualClock, TimePolicy, Window,
+};
 use counter_gateway::store::sqlite::{Durability, SqliteStore};
 use counter_gateway::store::{RequestOutcome, Store, TopEntry, TopQuery, WriteBatch};
 
@@ -44,6 +46,7 @@ fn open(dir: &std::path::Path, day: i64) -> (SqliteStore, Days) {
         dir,
         Durability::Relaxed,
         Duration::from_secs(3600),
+        TimePolicy::default().retention_days,
         days.0.clock(),
     )
     .unwrap();
