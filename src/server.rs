@@ -55,6 +55,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                 &args.data_dir,
                 args.durability,
                 args.idempotency_window,
+                args.retention_days,
                 clock.clone(),
             )
             .map_err(|e| e.to_string())?;
@@ -65,6 +66,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                     &args.data_dir,
                     args.durability,
                     args.idempotency_window,
+                    args.retention_days,
                     clock.clone(),
                 ),
             )

@@ -38,13 +38,14 @@ pub fn embedded(
     data_dir: &Path,
     durability: Durability,
     id_window: Duration,
+    retention_days: u32,
     clock: Clock,
 ) -> OpenStore {
     let dir = data_dir.join("tenants");
     Box::new(move |tenant| {
         let dir = dir.join(tenant);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        SqliteStore::open(&dir, durability, id_window, clock.clone())
+        SqliteStore::open(&dir, durability, id_window, retention_days, clock.clone())
             .map(|s| Arc::new(s) as Arc<dyn Store>)
             .map_err(|e| e.to_string())
     })

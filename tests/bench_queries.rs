@@ -52,6 +52,7 @@ async fn query_timings_at_a_million_counters() {
             dir.path(),
             Durability::Relaxed,
             Duration::from_secs(3600),
+            TimePolicy::default().retention_days,
             Clock::system(),
         )
         .unwrap(),

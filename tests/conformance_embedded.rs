@@ -24,6 +24,7 @@ async fn embedded(clock: ManualClock) -> Target {
             dir.path(),
             Durability::Relaxed,
             std::time::Duration::from_secs(86_400),
+            TimePolicy::default().retention_days,
             clock.clock(),
         )
         .expect("the store opens"),

@@ -452,6 +452,7 @@ async fn same_totals_as_the_embedded_store() {
             dir.path(),
             Durability::Relaxed,
             Duration::from_secs(86_400),
+            TimePolicy::default().retention_days,
             clock(),
         )
         .unwrap(),

@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{assert_error, counter_path, Options, TestApp};
-use counter_gateway::domain::{Counter, CounterKey, Increment, Kind, ManualClock, Window};
+use counter_gateway::domain::{
+    Counter, CounterKey, Increment, Kind, ManualClock, TimePolicy, Window,
+};
 use counter_gateway::store::sqlite::{Durability, SqliteStore};
 use counter_gateway::store::{
     Average, BatchOutcome, Bucket, RequestOutcome, StaleQuery, Store, StoreError, TopAverages,
@@ -52,7 +54,14 @@ async fn a_failing_id_expiry_never_fails_a_committed_flush() {
     let t0 = common::test_now().timestamp_millis() / 64 * 64;
     let clock = ManualClock::new(at_ms(t0 + 1));
     let window = Duration::from_secs(3600);
-    let store = SqliteStore::open(dir.path(), Durability::Relaxed, window, clock.clock()).unwrap();
+    let store = SqliteStore::open(
+        dir.path(),
+        Durability::Relaxed,
+        window,
+        TimePolicy::default().retention_days,
+        clock.clock(),
+    )
+    .unwrap();
     let one = |uuid: &str, id: &str, ms: i64| WriteBatch {
         requests: vec![vec![inc(uuid, Some(id), ms)]],
     };

@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use counter_gateway::domain::{day_of, CounterKey, Increment, Kind, ManualClock, Window};
+use counter_gateway::domain::{
+    day_of, CounterKey, Increment, Kind, ManualClock, TimePolicy, Window,
+};
 use counter_gateway::store::sqlite::{Durability, SqliteStore};
 use counter_gateway::store::{RequestOutcome, Store, TopEntry, TopQuery, WriteBatch};
 
@@ -44,6 +46,7 @@ fn open(dir: &std::path::Path, day: i64) -> (SqliteStore, Days) {
         dir,
         Durability::Relaxed,
         Duration::from_secs(3600),
+        TimePolicy::default().retention_days,
         days.0.clock(),
     )
     .unwrap();
@@ -485,4 +488,103 @@ async fn a_clock_stepping_back_over_midnight_keeps_lists_exact() {
         list(&[("a", 5), ("b", 2), ("c", 1)])
     );
     assert_eq!(kept_rows(dir.path(), 7), 3);
+}
+
+/// Day buckets (of counters and of averages) at `day` or before, read from
+/// the tables themselves: `interval=all` reaches back to the retention only.
+fn rows_up_to(dir: &std::path::Path, table: &str, day: i64) -> i64 {
+    let conn = rusqlite::Connection::open(dir.join("counters.sqlite3")).unwrap();
+    conn.query_row(
+        &format!("SELECT count(*) FROM {table} WHERE day <= ?1"),
+        [day],
+        |r| r.get(0),
+    )
+    .unwrap()
+}
+
+/// Issue 14 (retention): once the clock moves past the retention of a day,
+/// the background deletes that day's buckets (of counters and of averages);
+/// newer buckets, counter values and timestamps, and the window top lists
+/// stay as they were.
+#[tokio::test]
+async fn buckets_past_the_retention_are_deleted_in_the_background() {
+    let t = t0();
+    let retention = i64::from(TimePolicy::default().retention_days);
+    let dir = tempfile::tempdir().unwrap();
+    let (store, clock) = open(dir.path(), t);
+    let oldest = t - retention + 1; // still accepted on day t
+    let sample = |uuid: &str, day: i64, value: i64| Increment {
+        kind: Kind::Sample { quantity: 1 },
+        ..inc(uuid, day, value, None)
+    };
+    write(
+        &store,
+        vec![
+            inc("a", oldest, 1, None),
+            inc("a", t - 300, 10, None),
+            inc("a", t, 100, None),
+            inc("b", oldest, 5, None),
+            inc("b", t - 200, 50, None),
+            inc("c", t - 350, 7, None),
+        ],
+    )
+    .await;
+    write(&store, vec![sample("s", oldest, 4), sample("s", t - 10, 6)]).await;
+    let key = |u: &str| CounterKey::new("VIDEO", "VIEW", u).unwrap();
+    let before: Vec<_> = {
+        let mut v = Vec::new();
+        for u in ["a", "b", "c"] {
+            v.push(store.get(&key(u)).await.unwrap().unwrap());
+        }
+        v
+    };
+    assert_eq!(rows_up_to(dir.path(), "buckets", oldest), 2);
+    assert_eq!(rows_up_to(dir.path(), "average_buckets", oldest), 1);
+
+    // Fifty days on, `oldest` is past the retention; t - 350 is not.
+    clock.set_day(t + 50);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while rows_up_to(dir.path(), "buckets", oldest) > 0
+        || rows_up_to(dir.path(), "average_buckets", oldest) > 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "buckets past the retention are still there: {} of counters, {} of averages",
+            rows_up_to(dir.path(), "buckets", oldest),
+            rows_up_to(dir.path(), "average_buckets", oldest)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Only the expired day went.
+    assert_eq!(rows_up_to(dir.path(), "buckets", t + 50), 4);
+    assert_eq!(rows_up_to(dir.path(), "average_buckets", t + 50), 1);
+    let all = Window {
+        from_day: oldest - 10,
+        to_day: t + 50,
+    };
+    let days = |b: Option<Vec<counter_gateway::store::Bucket>>| -> Vec<(i64, i64)> {
+        b.unwrap().iter().map(|b| (b.day, b.value)).collect()
+    };
+    assert_eq!(
+        days(store.histogram(&key("a"), all).await.unwrap()),
+        vec![(t - 300, 10), (t, 100)]
+    );
+    assert_eq!(
+        days(store.histogram(&key("b"), all).await.unwrap()),
+        vec![(t - 200, 50)]
+    );
+    // Values and timestamps are the counters' own: untouched.
+    for c in before {
+        assert_eq!(store.get(&c.key).await.unwrap().unwrap(), c);
+    }
+    let avg = store.average(&key("s"), Some(all)).await.unwrap().unwrap();
+    assert_eq!((avg.sum, avg.quantity), (6, 1));
+    // The named windows (at most a year) never reached the deleted day.
+    for len in [1, 7, 30] {
+        assert_eq!(pairs(&top(&store, len, None, 10).await), list(&[]));
+    }
+    assert_eq!(
+        pairs(&top(&store, 365, None, 10).await),
+        list(&[("a", 110), ("b", 50)])
+    );
 }

@@ -189,9 +189,15 @@ const EXPIRE_BUDGET: std::time::Duration = std::time::Duration::from_millis(20);
 /// on a connection of its own, so the writer is not held for it).
 const COUNT_IDS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Day buckets (of counters and of averages) deleted per statement of the
+/// background retention, and how long each turn may keep deleting: as for
+/// ids, a flush waits at most this long for the writer.
+const RETAIN_BATCH: i64 = 5_000;
+const RETAIN_BUDGET: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The background work of a store, until the store is dropped (the writer
 /// then has no other owner): forgets expired idempotency ids, counts the
-/// kept ones, and folds the change log into the window totals.
+/// kept ones, deletes day buckets past the retention, and folds the change log into the window totals.
 struct Background {
     writer: std::sync::Weak<Mutex<Connection>>,
     path: PathBuf,
@@ -199,6 +205,7 @@ struct Background {
     idle: Arc<Idle>,
     id_window_ms: i64,
     ids: Arc<AtomicI64>,
+    retention_days: u32,
 }
 
 fn spawn_background(bg: Background) {
@@ -215,6 +222,10 @@ fn spawn_background(bg: Background) {
                 let expired_before = bg.clock.now_ms().saturating_sub(bg.id_window_ms);
                 if let Err(e) = expire_ids(&conn, expired_before, EXPIRE_BUDGET) {
                     tracing::warn!("idempotency-id expiry failed (retried later): {e}");
+                }
+                let today = bg.clock.today();
+                if let Err(e) = expire_buckets(&conn, today, bg.retention_days, RETAIN_BUDGET) {
+                    tracing::warn!("bucket retention failed (retried later): {e}");
                 }
                 let busy = bg.idle.quiet_for_ms() < ROLLUP_QUIET_MS;
                 if !busy || rollup::backlog(&conn).unwrap_or(0) >= ROLLUP_MAX_BACKLOG {
@@ -273,6 +284,65 @@ fn expire_ids(
     }
 }
 
+/// The first day whose buckets are kept on `today`: the oldest day the
+/// retention still accepts (`TimePolicy::oldest_accepted`), or the first day
+/// of a kept window total if that is older.
+///
+/// The named windows span at most 365 days, fewer than the retention (400
+/// by default), so when the totals end on `today` no day older than the
+/// retention is in any of them and deleting its buckets changes no kept
+/// total. That holds only while the totals are current, though: totals
+/// still anchored on an earlier day (the server was down, or the roll-up is
+/// behind) roll forward day by day, subtracting each day that leaves a
+/// window as read from `buckets`, and that day can be older than the
+/// retention. So no bucket at or after the start of a kept window (as
+/// `window_state` has it) is deleted until the roll has moved past it. The
+/// same floor keeps a year of buckets under a `--retention-days` below 365.
+fn first_kept_day(conn: &Connection, today: i64, retention_days: u32) -> Result<i64, StoreError> {
+    let retained = today - i64::from(retention_days);
+    let windows: Option<i64> = conn
+        .query_row("SELECT min(anchor - win + 1) FROM window_state", [], |r| {
+            r.get(0)
+        })
+        .map_err(internal)?;
+    Ok(windows.map_or(retained, |w| w.min(retained)))
+}
+
+/// Deletes the day buckets of counters and of averages older than the first
+/// kept day (see [`first_kept_day`]), oldest days first, in batches of
+/// [`RETAIN_BATCH`] by primary key `(day, id)` (each its own transaction),
+/// until none is left or `budget` is spent. Returns how many were deleted.
+/// A counter's value and timestamps stay: only its old days go.
+fn expire_buckets(
+    conn: &Connection,
+    today: i64,
+    retention_days: u32,
+    budget: std::time::Duration,
+) -> Result<u64, StoreError> {
+    let started = std::time::Instant::now();
+    let before = first_kept_day(conn, today, retention_days)?;
+    let mut deleted = 0u64;
+    for sql in [
+        "DELETE FROM buckets WHERE (day, cid) IN (
+             SELECT day, cid FROM buckets WHERE day < ?1 ORDER BY day, cid LIMIT ?2)",
+        "DELETE FROM average_buckets WHERE (day, aid) IN (
+             SELECT day, aid FROM average_buckets WHERE day < ?1 ORDER BY day, aid LIMIT ?2)",
+    ] {
+        let mut s = conn.prepare_cached(sql).map_err(internal)?;
+        loop {
+            if started.elapsed() >= budget {
+                return Ok(deleted);
+            }
+            let n = s.execute(params![before, RETAIN_BATCH]).map_err(internal)?;
+            deleted += n as u64;
+            if (n as i64) < RETAIN_BATCH {
+                break;
+            }
+        }
+    }
+    Ok(deleted)
+}
+
 fn count_ids(conn: &Connection) -> Result<i64, StoreError> {
     conn.query_row("SELECT count(*) FROM event_ids", [], |r| r.get(0))
         .map_err(internal)
@@ -328,11 +398,13 @@ impl SqliteStore {
     }
 
     /// Opens (creating if needed) the database in `data_dir`; `clock` is the
-    /// store's only source of the date and time.
+    /// store's only source of the date and time. Day buckets older than
+    /// `retention_days` before the clock's day are deleted in the background.
     pub fn open(
         data_dir: &Path,
         durability: Durability,
         id_window: std::time::Duration,
+        retention_days: u32,
         clock: Clock,
     ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|e| {
@@ -394,6 +466,7 @@ impl SqliteStore {
             idle: last_write.clone(),
             id_window_ms,
             ids: ids.clone(),
+            retention_days,
         });
         Ok(SqliteStore {
             _ids: ids,
@@ -901,5 +974,46 @@ impl Store for SqliteStore {
         let query = query.clone();
         self.with_reader(move |c| queries::top_averages(c, &query))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: i64 = 21_974; // 2030-03-01
+
+    /// Totals still anchored 100 days back (the server was down) roll
+    /// forward a day at a time, reading each day that leaves the year from
+    /// `buckets`: the retention leaves those days until the roll is past them.
+    #[test]
+    fn retention_keeps_the_days_a_lagging_window_still_rolls_over() {
+        let mut c = Connection::open_in_memory().unwrap();
+        c.execute_batch(SCHEMA).unwrap();
+        c.execute_batch(queries::SCHEMA_V2).unwrap();
+        c.execute_batch(rollup::SCHEMA_V3).unwrap();
+        let anchor = DAY - 100;
+        rollup::backfill(&mut c, anchor).unwrap();
+        for day in [DAY - 465, DAY - 464, DAY - 401, DAY - 400] {
+            c.execute(
+                "INSERT INTO buckets (day, cid, value) VALUES (?1, 1, 1)",
+                [day],
+            )
+            .unwrap();
+        }
+        assert_eq!(first_kept_day(&c, DAY, 400).unwrap(), anchor - 364);
+        let budget = std::time::Duration::from_secs(5);
+        assert_eq!(expire_buckets(&c, DAY, 400, budget).unwrap(), 1);
+        rollup::run_for(&mut c, DAY, budget).unwrap();
+        assert_eq!(first_kept_day(&c, DAY, 400).unwrap(), DAY - 400);
+        assert_eq!(expire_buckets(&c, DAY, 400, budget).unwrap(), 2);
+        let left: Vec<i64> = c
+            .prepare("SELECT day FROM buckets ORDER BY day")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(left, vec![DAY - 400]);
     }
 }

@@ -133,6 +133,7 @@ impl TestApp {
             dir.path(),
             Durability::Full,
             Duration::from_secs(7 * 86_400),
+            options.time_policy.retention_days,
             options.clock.clock(),
         )
         .expect("open store");
@@ -153,6 +154,7 @@ impl TestApp {
                 dir.path(),
                 Durability::Full,
                 window,
+                options.time_policy.retention_days,
                 options.clock.clock(),
             )),
             options.max_tenants,

@@ -21,6 +21,12 @@
 //! Every step is one transaction that leaves the tables consistent: the log
 //! rows it folds are deleted in it, and a day is rolled only once the log is
 //! empty, so the buckets it reads match the totals exactly.
+//!
+//! The retention (`first_kept_day` in `sqlite.rs`) deletes buckets older
+//! than `--retention-days` (400 by default). The windows span at most 365
+//! days, so that never touches a current total; it also keeps every day at
+//! or after a window's start as `window_state` has it, since a roll that
+//! lags behind the clock still reads the day that leaves from `buckets`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
