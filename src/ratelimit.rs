@@ -10,8 +10,8 @@
 //! [`MAX_CLIENTS`] - [`EVICT_BATCH`]. A flood of new addresses so only
 //! pushes out clients quieter than the newest thousands of entries of the
 //! shard, never an active one, and the O(n) pass runs at most once per
-//! [`EVICT_BATCH`] new clients. Forgetting a bucket can only favour its client (it comes back
-//! full).
+//! [`EVICT_BATCH`] new clients. Forgetting a bucket can only favour its
+//! client (it comes back full).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
