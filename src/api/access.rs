@@ -136,7 +136,7 @@ fn authenticate<'g>(parts: &Parts, gw: &'g Gateway) -> Result<Option<&'g Grant>,
 }
 
 /// Applies the per-client rate limit, by key when one checked out, else by
-/// the peer's IP address.
+/// the peer's IP address (the limiter counts IPv6 peers by their /64).
 fn limit(parts: &Parts, gw: &Gateway, grant: Option<&Grant>) -> Result<(), ApiError> {
     let Some(rl) = &gw.rate_limit else {
         return Ok(());
