@@ -10,12 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{assert_error, counter_path, Options, TestApp};
-use counter_gateway::domain::{Counter, CounterKey, Window};
 use counter_gateway::pipeline::PipelineConfig;
-use counter_gateway::store::{
-    Average, BatchOutcome, Bucket, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
-    TopList, TopQuery, UnusedPair, WriteBatch,
-};
+use counter_gateway::store::{Store, StoreError};
 use counter_gateway::Limits;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
@@ -185,57 +181,13 @@ struct Gated {
     fail: Arc<AtomicBool>,
 }
 
-#[async_trait::async_trait]
-impl Store for Gated {
-    async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
-        let _open = self.gate.acquire().await.expect("gate");
-        if self.fail.load(SeqCst) {
-            return Err(StoreError::Unavailable("disk on fire".into()));
-        }
-        self.inner.apply(batch).await
+store_wrapper!(Gated, |self, batch| {
+    let _open = self.gate.acquire().await.expect("gate");
+    if self.fail.load(SeqCst) {
+        return Err(StoreError::Unavailable("disk on fire".into()));
     }
-    async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn target_counters(&self, entity: &str, uuid: &str) -> Result<Vec<Counter>, StoreError> {
-        self.inner.target_counters(entity, uuid).await
-    }
-    async fn delete(&self, key: &CounterKey) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
-    }
-    async fn sync(&self) -> Result<(), StoreError> {
-        self.inner.sync().await
-    }
-    async fn histogram(
-        &self,
-        key: &CounterKey,
-        window: Window,
-    ) -> Result<Option<Vec<Bucket>>, StoreError> {
-        self.inner.histogram(key, window).await
-    }
-    async fn top(&self, q: &TopQuery) -> Result<TopList, StoreError> {
-        self.inner.top(q).await
-    }
-    async fn stale(&self, q: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
-        self.inner.stale(q).await
-    }
-    async fn unused(&self, before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
-        self.inner.unused(before_ms).await
-    }
-    async fn average(
-        &self,
-        key: &CounterKey,
-        window: Option<Window>,
-    ) -> Result<Option<Average>, StoreError> {
-        self.inner.average(key, window).await
-    }
-    async fn top_averages(&self, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
-        self.inner.top_averages(q).await
-    }
-}
+    self.inner.apply(batch).await
+});
 
 async fn wait_for_depth(app: &TestApp, depth: f64) {
     for _ in 0..2_000 {

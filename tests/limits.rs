@@ -8,11 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{assert_error, counter_path, key_line, Options, TestApp, MAX_BODY_BYTES, MAX_EVENTS};
-use counter_gateway::domain::{Counter, CounterKey, Window};
-use counter_gateway::store::{
-    Average, BatchOutcome, Bucket, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
-    TopList, TopQuery, UnusedPair, WriteBatch,
-};
+use counter_gateway::store::Store;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -108,54 +104,10 @@ struct Stuck {
     gate: Arc<Semaphore>,
 }
 
-#[async_trait::async_trait]
-impl Store for Stuck {
-    async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
-        let _open = self.gate.acquire().await.expect("gate");
-        self.inner.apply(batch).await
-    }
-    async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn target_counters(&self, e: &str, u: &str) -> Result<Vec<Counter>, StoreError> {
-        self.inner.target_counters(e, u).await
-    }
-    async fn delete(&self, key: &CounterKey) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
-    async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.ready().await
-    }
-    async fn sync(&self) -> Result<(), StoreError> {
-        self.inner.sync().await
-    }
-    async fn histogram(
-        &self,
-        key: &CounterKey,
-        window: Window,
-    ) -> Result<Option<Vec<Bucket>>, StoreError> {
-        self.inner.histogram(key, window).await
-    }
-    async fn top(&self, q: &TopQuery) -> Result<TopList, StoreError> {
-        self.inner.top(q).await
-    }
-    async fn stale(&self, q: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
-        self.inner.stale(q).await
-    }
-    async fn unused(&self, before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
-        self.inner.unused(before_ms).await
-    }
-    async fn average(
-        &self,
-        key: &CounterKey,
-        window: Option<Window>,
-    ) -> Result<Option<Average>, StoreError> {
-        self.inner.average(key, window).await
-    }
-    async fn top_averages(&self, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
-        self.inner.top_averages(q).await
-    }
-}
+store_wrapper!(Stuck, |self, batch| {
+    let _open = self.gate.acquire().await.expect("gate");
+    self.inner.apply(batch).await
+});
 
 #[tokio::test]
 async fn a_request_past_the_timeout_is_503_timeout() {

@@ -417,3 +417,92 @@ pub fn test_now() -> chrono::DateTime<chrono::Utc> {
 pub fn now_secs() -> chrono::DateTime<chrono::Utc> {
     test_now()
 }
+
+/// A test `Store` wrapper that changes only `apply` and passes `sync` and
+/// every read through to its `inner` store. The trait has no defaults (a
+/// wrapper must not drop durability by forgetting `sync`), so each wrapper
+/// says what it does by naming its `apply` here:
+/// `store_wrapper!(Stuck, |self, batch| { ...; self.inner.apply(batch).await });`
+#[macro_export]
+macro_rules! store_wrapper {
+    ($ty:ty, |$this:ident, $batch:ident| $apply:block) => {
+        #[async_trait::async_trait]
+        impl counter_gateway::store::Store for $ty {
+            async fn apply(
+                &$this,
+                $batch: counter_gateway::store::WriteBatch,
+            ) -> Result<counter_gateway::store::BatchOutcome, counter_gateway::store::StoreError>
+            $apply
+            async fn sync(&self) -> Result<(), counter_gateway::store::StoreError> {
+                self.inner.sync().await
+            }
+            async fn get(
+                &self,
+                key: &counter_gateway::domain::CounterKey,
+            ) -> Result<Option<counter_gateway::domain::Counter>, counter_gateway::store::StoreError>
+            {
+                self.inner.get(key).await
+            }
+            async fn target_counters(
+                &self,
+                entity: &str,
+                uuid: &str,
+            ) -> Result<Vec<counter_gateway::domain::Counter>, counter_gateway::store::StoreError>
+            {
+                self.inner.target_counters(entity, uuid).await
+            }
+            async fn delete(
+                &self,
+                key: &counter_gateway::domain::CounterKey,
+            ) -> Result<bool, counter_gateway::store::StoreError> {
+                self.inner.delete(key).await
+            }
+            async fn ready(&self) -> Result<(), counter_gateway::store::StoreError> {
+                self.inner.ready().await
+            }
+            async fn histogram(
+                &self,
+                key: &counter_gateway::domain::CounterKey,
+                window: counter_gateway::domain::Window,
+            ) -> Result<Option<Vec<counter_gateway::store::Bucket>>, counter_gateway::store::StoreError>
+            {
+                self.inner.histogram(key, window).await
+            }
+            async fn top(
+                &self,
+                q: &counter_gateway::store::TopQuery,
+            ) -> Result<counter_gateway::store::TopList, counter_gateway::store::StoreError> {
+                self.inner.top(q).await
+            }
+            async fn stale(
+                &self,
+                q: &counter_gateway::store::StaleQuery,
+            ) -> Result<Vec<counter_gateway::domain::Counter>, counter_gateway::store::StoreError>
+            {
+                self.inner.stale(q).await
+            }
+            async fn unused(
+                &self,
+                before_ms: i64,
+            ) -> Result<Vec<counter_gateway::store::UnusedPair>, counter_gateway::store::StoreError>
+            {
+                self.inner.unused(before_ms).await
+            }
+            async fn average(
+                &self,
+                key: &counter_gateway::domain::CounterKey,
+                window: Option<counter_gateway::domain::Window>,
+            ) -> Result<Option<counter_gateway::store::Average>, counter_gateway::store::StoreError>
+            {
+                self.inner.average(key, window).await
+            }
+            async fn top_averages(
+                &self,
+                q: &counter_gateway::store::TopAveragesQuery,
+            ) -> Result<counter_gateway::store::TopAverages, counter_gateway::store::StoreError>
+            {
+                self.inner.top_averages(q).await
+            }
+        }
+    };
+}
