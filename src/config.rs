@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::api::Limits;
 use crate::domain::TimePolicy;
 use crate::pipeline::PipelineConfig;
 use crate::store::sqlite::Durability;
+use crate::tenant::Limits;
 
 #[derive(Debug, Parser)]
 #[command(

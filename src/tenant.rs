@@ -16,7 +16,6 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use crate::api::{AppState, Limits};
 use crate::domain::{Clock, TimePolicy};
 use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, PipelineConfig};
@@ -26,6 +25,35 @@ use crate::store::Store;
 /// The tenant of requests that name none (and of every request of a
 /// gateway without tenants): the data of a gateway before tenants came.
 pub const DEFAULT_TENANT: &str = "default";
+
+/// Request limits enforced at the edge.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub max_events_per_request: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 4 * 1024 * 1024,
+            max_events_per_request: 10_000,
+        }
+    }
+}
+
+/// Everything a handler may need for one tenant, cheap to clone: handlers
+/// get it from the API's access extractors, for the request's tenant only.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub pipeline: Pipeline,
+    pub time_policy: TimePolicy,
+    /// Every "now" of a request: event times, windows, report cut-offs.
+    pub clock: Clock,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+}
 
 /// Opens the store of one tenant (no other tenant's data reachable through it).
 pub type OpenStore = Box<dyn Fn(&str) -> Result<Arc<dyn Store>, String> + Send + Sync>;

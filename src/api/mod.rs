@@ -22,41 +22,10 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::domain::{Clock, TimePolicy};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::pipeline::Pipeline;
-use crate::store::Store;
 use crate::tenant::Tenants;
-
-/// Request limits enforced at the edge.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    pub max_body_bytes: usize,
-    pub max_events_per_request: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_body_bytes: 4 * 1024 * 1024,
-            max_events_per_request: 10_000,
-        }
-    }
-}
-
-/// Everything a handler may need for one tenant, cheap to clone: handlers
-/// get it from the [`access`] extractors, for the request's tenant only.
-#[derive(Clone)]
-pub struct AppState {
-    pub store: Arc<dyn Store>,
-    pub pipeline: Pipeline,
-    pub time_policy: TimePolicy,
-    /// Every "now" of a request: event times, windows, report cut-offs.
-    pub clock: Clock,
-    pub limits: Limits,
-    pub metrics: Arc<Metrics>,
-}
+pub use crate::tenant::{AppState, Limits};
 
 /// The router's state: every tenant, the keys, and the edge limits.
 #[derive(Clone)]

@@ -3,6 +3,7 @@
 
 mod average;
 mod clock;
+mod coalesce;
 mod counter;
 mod event;
 mod key;
@@ -11,6 +12,7 @@ mod window;
 
 pub use average::SampleSpec;
 pub use clock::{Clock, ManualClock};
+pub use coalesce::{coalesce, AverageDelta, Coalesced, KeyDelta};
 pub use counter::{format_ms, Counter};
 pub use event::{Increment, IncrementSpec, Kind};
 pub use key::{decode_doc_id, validate_name, CounterKey, MAX_DOC_ID_BYTES, MAX_NAME_BYTES};

@@ -1,6 +1,6 @@
 //! The write pipeline: bounded queue, then the flusher, which takes everything
 //! that queued while the previous flush ran, hands it to the store as one
-//! batch (coalesced there, see [`coalesce`]), and answers each waiting request
+//! batch (coalesced there, see [`crate::domain::coalesce`]), and answers each waiting request
 //! only once its flush is durable.
 //!
 //! ```text
@@ -9,7 +9,6 @@
 //!    └────────────── reply after commit ◀────────────────┘
 //! ```
 
-mod coalesce;
 mod flusher;
 
 use std::sync::Arc;
@@ -17,8 +16,6 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
-
-pub use coalesce::{coalesce, AverageDelta, Coalesced, KeyDelta};
 
 use crate::domain::{Counter, CounterKey, Increment};
 use crate::metrics::Metrics;

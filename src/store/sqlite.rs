@@ -18,7 +18,7 @@ use super::{
     TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
 };
 use crate::domain::{Clock, Counter, CounterKey, Increment, Window};
-use crate::pipeline::{Coalesced, KeyDelta};
+use crate::domain::{Coalesced, KeyDelta};
 
 /// How hard a commit insists on reaching the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -6,8 +6,8 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::internal;
+use crate::domain::AverageDelta;
 use crate::domain::{Counter, CounterKey, Window};
-use crate::pipeline::AverageDelta;
 use crate::store::{
     Average, AverageEntry, Bucket, StaleQuery, StoreError, TopAverages, TopAveragesQuery, TopEntry,
     TopList, TopQuery, UnusedPair,
