@@ -150,9 +150,17 @@ pub struct ServeArgs {
     #[arg(long, env = "COUNTER_GATEWAY_RATE_LIMIT_PER_SECOND")]
     pub rate_limit_per_second: Option<u32>,
 
-    /// Most tenants served (each has its own store and pipeline), the default included.
+    /// Most tenants open at once (each has its own store and pipeline), the
+    /// default included; a tenant is opened by its first write and closed
+    /// after --tenant-idle-timeout without requests.
     #[arg(long, env = "COUNTER_GATEWAY_MAX_TENANTS", default_value_t = 1000)]
     pub max_tenants: usize,
+
+    /// How long a tenant (other than the default) stays open without
+    /// requests; then its store is closed, to be opened again by the next
+    /// request that needs it. `0s`: never closed.
+    #[arg(long, env = "COUNTER_GATEWAY_TENANT_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub tenant_idle_timeout: Duration,
 
     #[command(flatten)]
     pub elasticsearch: crate::store::elasticsearch::ElasticsearchArgs,

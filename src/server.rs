@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::store::elasticsearch::{ElasticsearchStore, SetupArgs};
 use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
-use crate::tenant::{OpenStore, Shared, Tenants, DEFAULT_TENANT};
+use crate::tenant::{self, Shared, TenantStores, Tenants, DEFAULT_TENANT};
 
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     args.validate()?;
@@ -20,7 +20,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let clock = Clock::system();
     let keys = args.keys()?;
     args.check_exposure(&keys)?;
-    let (store, open): (Arc<dyn Store>, OpenStore) = match args
+    let (store, open): (Arc<dyn Store>, Arc<dyn TenantStores>) = match args
         .elasticsearch
         .to_config(args.idempotency_window)?
     {
@@ -43,12 +43,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             let base = store
                 .for_tenant(DEFAULT_TENANT)
                 .map_err(|e| e.to_string())?;
-            let open: OpenStore = Box::new(move |tenant| {
-                base.for_tenant(tenant)
-                    .map(|s| Arc::new(s) as Arc<dyn Store>)
-                    .map_err(|e| e.to_string())
-            });
-            (Arc::new(store), open)
+            (Arc::new(store), tenant::elasticsearch(base))
         }
         None => {
             let store = SqliteStore::open(
@@ -62,7 +57,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             tracing::info!(data_dir = %args.data_dir.display(), durability = ?args.durability, "embedded store open");
             (
                 Arc::new(store),
-                crate::tenant::embedded(
+                tenant::embedded(
                     &args.data_dir,
                     args.durability,
                     args.idempotency_window,
@@ -104,6 +99,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         metrics,
     };
     let tenants = gateway.tenants.clone();
+    Tenants::spawn_idle_closer(&tenants, args.tenant_idle_timeout);
     let app = api::gateway_router(gateway)?;
     let listener = TcpListener::bind(args.listen)
         .await

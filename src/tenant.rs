@@ -1,17 +1,23 @@
 //! Tenants: each has its own store (its own SQLite database, or its own
 //! Elasticsearch indices `<prefix>_<tenant>_<collection>`) and its own write
-//! pipeline, created on first use, so no request of one tenant can reach
-//! another's data. All pipelines share one queue bound, so memory stays
-//! bounded however many tenants there are.
+//! pipeline, so no request of one tenant can reach another's data.
+//!
+//! A tenant is opened by its first write (on a blocking thread, never on a
+//! runtime thread), and closed again once no request has used it for the
+//! idle timeout. A read never creates a tenant: one without data is read
+//! through an empty store. So what a gateway holds is bounded by the tenants
+//! written to lately, at most `--max-tenants`, not by the names requests
+//! make up. All pipelines share one queue bound.
 //!
 //! The lookup on every request is one read of an `RwLock`ed map (none at all
-//! for the `default` tenant); the lock is written only when a tenant is created.
+//! for the `default` tenant); the lock is written only when a tenant is
+//! opened or closed.
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -19,6 +25,8 @@ use tokio::task::JoinHandle;
 use crate::domain::{Clock, TimePolicy};
 use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, PipelineConfig};
+use crate::store::elasticsearch::ElasticsearchStore;
+use crate::store::empty::EmptyStore;
 use crate::store::sqlite::{Durability, SqliteStore};
 use crate::store::Store;
 
@@ -55,8 +63,26 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
 }
 
-/// Opens the store of one tenant (no other tenant's data reachable through it).
-pub type OpenStore = Box<dyn Fn(&str) -> Result<Arc<dyn Store>, String> + Send + Sync>;
+/// Where the stores of tenants other than the default come from.
+pub trait TenantStores: Send + Sync + 'static {
+    /// Opens (creating if needed) the store of `tenant`, a validated name.
+    /// May block on I/O: it is called on a blocking thread.
+    fn open(&self, tenant: &str) -> Result<Arc<dyn Store>, String>;
+    /// How to read `tenant` while it is not open, without creating
+    /// anything. May block on I/O (a look at the disk).
+    fn unopened(&self, tenant: &str) -> Result<Unopened, String>;
+}
+
+/// How a tenant that is not open is read.
+pub enum Unopened {
+    /// It holds no data: reads answer as from an empty store.
+    Empty,
+    /// It holds data: it is opened (as a write would) to be read.
+    Stored,
+    /// It can be read as it is, without opening it (Elasticsearch: its
+    /// indices, or none yet, which reads treat as empty).
+    ReadThrough(Arc<dyn Store>),
+}
 
 /// Opens tenants of the embedded store: each its own SQLite database in
 /// `<data_dir>/tenants/<tenant>/`. (The default tenant stays in `<data_dir>`,
@@ -68,15 +94,69 @@ pub fn embedded(
     id_window: Duration,
     retention_days: u32,
     clock: Clock,
-) -> OpenStore {
-    let dir = data_dir.join("tenants");
-    Box::new(move |tenant| {
-        let dir = dir.join(tenant);
+) -> Arc<dyn TenantStores> {
+    Arc::new(Embedded {
+        dir: data_dir.join("tenants"),
+        durability,
+        id_window,
+        retention_days,
+        clock,
+    })
+}
+
+struct Embedded {
+    dir: PathBuf,
+    durability: Durability,
+    id_window: Duration,
+    retention_days: u32,
+    clock: Clock,
+}
+
+impl TenantStores for Embedded {
+    fn open(&self, tenant: &str) -> Result<Arc<dyn Store>, String> {
+        let dir = self.dir.join(tenant);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        SqliteStore::open(&dir, durability, id_window, retention_days, clock.clone())
+        SqliteStore::open(
+            &dir,
+            self.durability,
+            self.id_window,
+            self.retention_days,
+            self.clock.clone(),
+        )
+        .map(|s| Arc::new(s) as Arc<dyn Store>)
+        .map_err(|e| e.to_string())
+    }
+
+    fn unopened(&self, tenant: &str) -> Result<Unopened, String> {
+        let db = self.dir.join(tenant).join(crate::store::sqlite::DB_FILE);
+        match db.try_exists() {
+            Ok(true) => Ok(Unopened::Stored),
+            Ok(false) => Ok(Unopened::Empty),
+            Err(e) => Err(format!("{}: {e}", db.display())),
+        }
+    }
+}
+
+/// Opens tenants of an Elasticsearch store: the same client over each
+/// tenant's own indices. Opening costs no I/O; reads of a tenant never
+/// written to go to its (missing) indices, which answer as empty.
+pub fn elasticsearch(base: ElasticsearchStore) -> Arc<dyn TenantStores> {
+    Arc::new(Elasticsearch(base))
+}
+
+struct Elasticsearch(ElasticsearchStore);
+
+impl TenantStores for Elasticsearch {
+    fn open(&self, tenant: &str) -> Result<Arc<dyn Store>, String> {
+        self.0
+            .for_tenant(tenant)
             .map(|s| Arc::new(s) as Arc<dyn Store>)
             .map_err(|e| e.to_string())
-    })
+    }
+
+    fn unopened(&self, tenant: &str) -> Result<Unopened, String> {
+        self.open(tenant).map(Unopened::ReadThrough)
+    }
 }
 
 /// Why a tenant name is refused. Names become index names and directory
@@ -106,7 +186,7 @@ pub fn validate_tenant(name: &str) -> Result<(), String> {
 pub enum TenantError {
     #[error("{0}")]
     BadName(String),
-    #[error("this gateway serves at most {0} tenants")]
+    #[error("this gateway serves at most {0} tenants at once")]
     TooMany(usize),
     #[error("this gateway serves only the default tenant")]
     Disabled,
@@ -116,20 +196,34 @@ pub enum TenantError {
     Closed,
 }
 
+/// An open tenant other than the default.
+struct OpenTenant {
+    app: AppState,
+    flusher: JoinHandle<()>,
+    /// When a request last used it, in milliseconds since [`Tenants::epoch`]
+    /// (monotonic: it schedules closing, it is no calendar time).
+    used_ms: AtomicU64,
+}
+
 /// Every tenant's store and pipeline.
 pub struct Tenants {
     default: AppState,
-    others: RwLock<HashMap<String, AppState>>,
+    default_flusher: Mutex<Option<JoinHandle<()>>>,
+    others: RwLock<HashMap<String, OpenTenant>>,
     /// `None`: only the default tenant exists.
-    open: Option<OpenStore>,
+    stores: Option<Arc<dyn TenantStores>>,
+    /// What reads of a tenant that is not open get, with the store to read
+    /// it through: a pipeline that is already stopped, so nothing read this
+    /// way can ever be written to.
+    read_only: Option<AppState>,
     max_tenants: usize,
     pipeline: PipelineConfig,
     /// The one queue bound of every tenant's pipeline.
     permits: Arc<Semaphore>,
-    /// Serializes creations, so two first requests of one tenant open one store.
-    creating: Mutex<()>,
-    flushers: Mutex<Vec<JoinHandle<()>>>,
+    /// Serializes openings, so two first requests of one tenant open one store.
+    creating: tokio::sync::Mutex<()>,
     closed: AtomicBool,
+    epoch: Instant,
 }
 
 /// What every tenant shares: the rules for event times, the clock, the
@@ -143,13 +237,13 @@ pub struct Shared {
 
 impl Tenants {
     /// Starts the default tenant's pipeline over `store`; other tenants are
-    /// opened with `open` when first named (none when `open` is `None`), at
-    /// most `max_tenants` in all (the default counted).
+    /// opened through `stores` when first written to (none when `stores` is
+    /// `None`), at most `max_tenants` open at once (the default counted).
     pub fn start(
         store: Arc<dyn Store>,
         pipeline: PipelineConfig,
         shared: Shared,
-        open: Option<OpenStore>,
+        stores: Option<Arc<dyn TenantStores>>,
         max_tenants: usize,
     ) -> Tenants {
         let Shared {
@@ -165,23 +259,41 @@ impl Tenants {
             metrics.clone(),
             permits.clone(),
         );
-        Tenants {
-            default: AppState {
-                store,
+        let default = AppState {
+            store,
+            pipeline: p,
+            time_policy,
+            clock,
+            limits,
+            metrics,
+        };
+        let read_only = stores.as_ref().map(|_| {
+            let empty: Arc<dyn Store> = Arc::new(EmptyStore);
+            let (p, _ends_at_once) = Pipeline::start_sharing(
+                empty.clone(),
+                pipeline.clone(),
+                default.metrics.clone(),
+                permits.clone(),
+            );
+            p.stop();
+            AppState {
+                store: empty,
                 pipeline: p,
-                time_policy,
-                clock,
-                limits,
-                metrics,
-            },
+                ..default.clone()
+            }
+        });
+        Tenants {
+            default,
+            default_flusher: Mutex::new(Some(flusher)),
             others: RwLock::new(HashMap::new()),
-            open,
+            stores,
+            read_only,
             max_tenants: max_tenants.max(1),
             pipeline,
             permits,
-            creating: Mutex::new(()),
-            flushers: Mutex::new(vec![flusher]),
+            creating: tokio::sync::Mutex::new(()),
             closed: AtomicBool::new(false),
+            epoch: Instant::now(),
         }
     }
 
@@ -192,12 +304,14 @@ impl Tenants {
             permits: Arc::new(Semaphore::new(0)),
             pipeline: PipelineConfig::default(),
             default: app,
+            default_flusher: Mutex::new(None),
             others: RwLock::new(HashMap::new()),
-            open: None,
+            stores: None,
+            read_only: None,
             max_tenants: 1,
-            creating: Mutex::new(()),
-            flushers: Mutex::new(Vec::new()),
+            creating: tokio::sync::Mutex::new(()),
             closed: AtomicBool::new(false),
+            epoch: Instant::now(),
         }
     }
 
@@ -206,56 +320,152 @@ impl Tenants {
         &self.default
     }
 
-    /// The app of `tenant`, opening its store and starting its pipeline on
-    /// first use. `tenant` must have been validated.
-    pub fn get(&self, tenant: &str) -> Result<AppState, TenantError> {
+    /// The app of `tenant` for a write, opening it first if it is not open.
+    /// `tenant` must have been validated.
+    pub async fn writer(&self, tenant: &str) -> Result<AppState, TenantError> {
         if tenant == DEFAULT_TENANT {
             return Ok(self.default.clone());
         }
-        if let Some(app) = self.others.read().expect("tenants lock").get(tenant) {
-            return Ok(app.clone());
+        if let Some(app) = self.lookup(tenant) {
+            return Ok(app);
         }
-        self.create(tenant)
+        self.create(tenant).await
     }
 
-    /// Opens a tenant on the calling runtime thread, under a lock: once per
-    /// tenant, a SQLite open of a few milliseconds (Elasticsearch: no I/O).
-    fn create(&self, tenant: &str) -> Result<AppState, TenantError> {
-        let open = self.open.as_ref().ok_or(TenantError::Disabled)?;
+    /// The app of `tenant` for a read: the open tenant, else one opened
+    /// because it holds data, else a read-only view that creates nothing.
+    pub async fn reader(&self, tenant: &str) -> Result<AppState, TenantError> {
+        if tenant == DEFAULT_TENANT {
+            return Ok(self.default.clone());
+        }
+        if let Some(app) = self.lookup(tenant) {
+            return Ok(app);
+        }
+        let (stores, read_only) = match (&self.stores, &self.read_only) {
+            (Some(s), Some(r)) => (s.clone(), r),
+            _ => return Err(TenantError::Disabled),
+        };
         validate_tenant(tenant).map_err(TenantError::BadName)?;
-        let _one_at_a_time = self.creating.lock().expect("creating lock");
-        if let Some(app) = self.others.read().expect("tenants lock").get(tenant) {
-            return Ok(app.clone());
+        let name = tenant.to_string();
+        let unopened = blocking(tenant, move || stores.unopened(&name)).await?;
+        match unopened {
+            Unopened::Empty => Ok(read_only.clone()),
+            Unopened::ReadThrough(store) => Ok(AppState {
+                store,
+                ..read_only.clone()
+            }),
+            Unopened::Stored => self.create(tenant).await,
+        }
+    }
+
+    /// The open tenant's app, marked as used now.
+    fn lookup(&self, tenant: &str) -> Option<AppState> {
+        let others = self.others.read().expect("tenants lock");
+        let open = others.get(tenant)?;
+        open.used_ms.store(self.now_ms(), Ordering::Relaxed);
+        Some(open.app.clone())
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Opens a tenant's store on a blocking thread and starts its pipeline,
+    /// one opening at a time.
+    async fn create(&self, tenant: &str) -> Result<AppState, TenantError> {
+        let stores = self.stores.clone().ok_or(TenantError::Disabled)?;
+        validate_tenant(tenant).map_err(TenantError::BadName)?;
+        let _one_at_a_time = self.creating.lock().await;
+        if let Some(app) = self.lookup(tenant) {
+            return Ok(app);
         }
         if self.closed.load(Ordering::Acquire) {
             return Err(TenantError::Closed);
         }
-        let count = 1 + self.others.read().expect("tenants lock").len();
-        if count >= self.max_tenants {
+        if self.count() >= self.max_tenants {
             return Err(TenantError::TooMany(self.max_tenants));
         }
-        let store = open(tenant).map_err(|reason| TenantError::Open {
-            tenant: tenant.to_string(),
-            reason,
-        })?;
+        let name = tenant.to_string();
+        let store = blocking(tenant, move || stores.open(&name)).await?;
         let (pipeline, flusher) = Pipeline::start_sharing(
             store.clone(),
             self.pipeline.clone(),
             self.default.metrics.clone(),
             self.permits.clone(),
         );
-        self.flushers.lock().expect("flushers").push(flusher);
         let app = AppState {
             store,
             pipeline,
             ..self.default.clone()
         };
-        self.others
-            .write()
-            .expect("tenants lock")
-            .insert(tenant.to_string(), app.clone());
+        let mut others = self.others.write().expect("tenants lock");
+        // Checked again under the lock `close` takes: a tenant opened while
+        // the gateway shut down is stopped at once, never left running.
+        if self.closed.load(Ordering::Acquire) {
+            app.pipeline.stop();
+            return Err(TenantError::Closed);
+        }
+        others.insert(
+            tenant.to_string(),
+            OpenTenant {
+                app: app.clone(),
+                flusher,
+                used_ms: AtomicU64::new(self.now_ms()),
+            },
+        );
         tracing::info!(tenant, "tenant opened");
         Ok(app)
+    }
+
+    /// Closes the tenants (never the default) that no request has used for
+    /// `idle` and that no request holds right now: each one's pipeline
+    /// flushes what it holds (nothing, since no request holds it) and
+    /// stops, which drops its store. A later request opens it again.
+    /// Answers how many were closed.
+    pub fn close_idle(&self, idle: Duration) -> usize {
+        let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+        let now = self.now_ms();
+        let mut closing = Vec::new();
+        {
+            // Under the write lock no request can take a new handle, so a
+            // pipeline with one handle (the map's) has no request on it.
+            let mut others = self.others.write().expect("tenants lock");
+            others.retain(|name, open| {
+                let quiet = now.saturating_sub(open.used_ms.load(Ordering::Relaxed)) >= idle_ms;
+                let unheld = open.app.pipeline.handles() == 1;
+                if quiet && unheld {
+                    closing.push(name.clone());
+                    open.app.pipeline.stop();
+                }
+                !(quiet && unheld)
+            });
+        }
+        for tenant in &closing {
+            tracing::info!(tenant = %tenant, "idle tenant closed");
+        }
+        closing.len()
+    }
+
+    /// Closes idle tenants in the background, every so often, until the
+    /// tenants are dropped or closed. `idle` zero: never.
+    pub fn spawn_idle_closer(tenants: &Arc<Tenants>, idle: Duration) {
+        if idle.is_zero() {
+            return;
+        }
+        let every = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
+        let tenants: Weak<Tenants> = Arc::downgrade(tenants);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(t) = tenants.upgrade() else { return };
+                if t.closed.load(Ordering::Acquire) {
+                    return;
+                }
+                t.close_idle(idle);
+            }
+        });
     }
 
     /// Tenants open right now, the default included.
@@ -273,14 +483,38 @@ impl Tenants {
     /// answers their flusher tasks, to be awaited under the shutdown deadline.
     /// Tenants named after this are refused.
     pub fn close(&self) -> Vec<JoinHandle<()>> {
-        let _no_more = self.creating.lock().expect("creating lock");
+        let mut others = self.others.write().expect("tenants lock");
         self.closed.store(true, Ordering::Release);
         self.default.pipeline.close();
-        for app in self.others.read().expect("tenants lock").values() {
-            app.pipeline.close();
+        let mut flushers: Vec<JoinHandle<()>> = self
+            .default_flusher
+            .lock()
+            .expect("flusher lock")
+            .take()
+            .into_iter()
+            .collect();
+        for (_, open) in others.drain() {
+            open.app.pipeline.close();
+            flushers.push(open.flusher);
         }
-        std::mem::take(&mut *self.flushers.lock().expect("flushers"))
+        flushers
     }
+}
+
+/// Runs `f` (store I/O) on a blocking thread, so a slow disk never stalls
+/// the runtime threads that serve every other request.
+async fn blocking<T: Send + 'static>(
+    tenant: &str,
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, TenantError> {
+    let failed = |reason: String| TenantError::Open {
+        tenant: tenant.to_string(),
+        reason,
+    };
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| failed(format!("the opening task failed: {e}")))?
+        .map_err(failed)
 }
 
 #[cfg(test)]

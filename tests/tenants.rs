@@ -4,7 +4,14 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
 use common::{assert_error, counter_path, key_line, Options, TestApp};
+use counter_gateway::pipeline::PipelineConfig;
+use counter_gateway::store::Store;
+use counter_gateway::tenant::{Shared, TenantStores, Tenants, Unopened};
+use counter_gateway::{gateway_router, Gateway};
 use serde_json::json;
 
 const PATH: &str = "/v1/counters/VIDEO/VIEW/v1";
@@ -178,4 +185,204 @@ fn an_elasticsearch_tenant_has_its_own_indices() {
     // Names that could collide with another tenant's indices are refused.
     assert!(base.for_tenant("a_b").is_err());
     assert!(base.for_tenant("Acme").is_err());
+}
+
+/// A read names a tenant without creating it: no directory, no pipeline,
+/// no slot among `--max-tenants`, and every read answers as empty.
+#[tokio::test]
+async fn a_read_never_creates_a_tenant() {
+    let app = TestApp::start_with(Options {
+        max_tenants: 2,
+        ..Options::default()
+    })
+    .await;
+    let read = |path: &str| {
+        app.send(
+            app.http
+                .get(app.url(&format!("{path}{}tenant=ghost", sep(path))))
+                .header("accept", "application/json"),
+        )
+    };
+    assert_eq!(read(PATH).await.status, 404);
+    assert_eq!(read(&format!("{PATH}/histogram")).await.status, 404);
+    assert_eq!(read("/v1/averages/VIDEO/rating/v1").await.status, 404);
+    for list in [
+        "/v1/top/VIDEO/VIEW",
+        "/v1/top/VIDEO/VIEW?interval=last_week",
+        "/v1/top-averages/VIDEO/rating",
+        "/v1/targets/VIDEO/v1/counters",
+        "/v1/reports/stale?days=1",
+        "/v1/reports/unused?days=1",
+    ] {
+        let r = read(list).await;
+        assert_eq!(r.status, 200, "{list}: {}", r.text);
+        let rows = ["counters", "averages", "pairs"]
+            .iter()
+            .find_map(|k| r.json[*k].as_array())
+            .unwrap_or_else(|| panic!("{list}: no list in {}", r.text));
+        assert!(rows.is_empty(), "{list}: {}", r.text);
+    }
+    let r = app
+        .send(app.http.delete(app.url(PATH)).header("x-tenant", "ghost"))
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    assert!(!app.data_dir().join("tenants").exists());
+    assert_eq!(app.metric("counter_gateway_tenants").await, 1.0);
+
+    // Reads of many made-up tenants take no slot: a first write still opens one.
+    for i in 0..20 {
+        let r = app
+            .send(
+                app.http
+                    .get(app.url(PATH))
+                    .header("x-tenant", format!("made-up-{i}")),
+            )
+            .await;
+        assert_eq!(r.status, 404, "{}", r.text);
+    }
+    assert_eq!(bump(&app, Some("real"), 3).await.status, 200);
+    assert_eq!(value_of(&app, "real").await, Some(3));
+    assert_eq!(app.metric("counter_gateway_tenants").await, 2.0);
+}
+
+fn sep(path: &str) -> char {
+    if path.contains('?') {
+        '&'
+    } else {
+        '?'
+    }
+}
+
+/// Idle tenants are closed (their store and pipeline dropped) and open
+/// again, with their data, on the next request; a tenant a request holds
+/// is never closed under it.
+#[tokio::test]
+async fn idle_tenants_close_and_reopen_with_their_data() {
+    let app = TestApp::start().await;
+    assert_eq!(bump(&app, Some("acme"), 5).await.status, 200);
+    assert_eq!(app.metric("counter_gateway_tenants").await, 2.0);
+    // Used just now: not idle for an hour.
+    assert_eq!(app.tenants.close_idle(Duration::from_secs(3600)), 0);
+
+    // A request holding the tenant keeps it open, however idle.
+    let held = app.tenants.writer("acme").await.expect("acme");
+    assert_eq!(app.tenants.close_idle(Duration::ZERO), 0);
+    drop(held);
+    assert_eq!(app.tenants.close_idle(Duration::ZERO), 1);
+    assert_eq!(app.metric("counter_gateway_tenants").await, 1.0);
+
+    // A read opens it again (it holds data), a write goes on counting.
+    assert_eq!(value_of(&app, "acme").await, Some(5));
+    assert_eq!(app.metric("counter_gateway_tenants").await, 2.0);
+    assert_eq!(bump(&app, Some("acme"), 1).await.status, 200);
+    assert_eq!(app.tenants.close_idle(Duration::ZERO), 1);
+    assert_eq!(bump(&app, Some("acme"), 1).await.status, 200);
+    assert_eq!(value_of(&app, "acme").await, Some(7));
+    // The default tenant is never closed.
+    assert_eq!(bump(&app, None, 1).await.status, 200);
+    app.tenants.close_idle(Duration::ZERO);
+    assert_eq!(app.value("VIDEO", "VIEW", "v1").await, Some(1));
+}
+
+/// Tenant stores that open only when the test lets them, and say whether
+/// an opening is under way.
+struct SlowStores {
+    inner: std::sync::Arc<dyn TenantStores>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    started: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    opening: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl TenantStores for SlowStores {
+    fn open(&self, tenant: &str) -> Result<std::sync::Arc<dyn Store>, String> {
+        self.started.store(true, Ordering::SeqCst);
+        self.opening.store(true, Ordering::SeqCst);
+        let waited = self
+            .release
+            .lock()
+            .expect("release")
+            .recv_timeout(Duration::from_secs(3));
+        let opened = self.inner.open(tenant);
+        self.opening.store(false, Ordering::SeqCst);
+        waited.map_err(|e| e.to_string())?;
+        opened
+    }
+
+    fn unopened(&self, tenant: &str) -> Result<Unopened, String> {
+        self.inner.unopened(tenant)
+    }
+}
+
+/// Opening a tenant's store (disk I/O, a few milliseconds, or seconds on a
+/// slow disk) runs on a blocking thread: on a one-thread runtime, other
+/// requests are answered while it is under way.
+#[tokio::test(flavor = "current_thread")]
+async fn opening_a_tenant_does_not_stall_other_requests() {
+    use counter_gateway::domain::Clock;
+    use counter_gateway::store::sqlite::{Durability, SqliteStore};
+    use tower::ServiceExt;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Clock::system();
+    let window = Duration::from_secs(86_400);
+    let store = SqliteStore::open(dir.path(), Durability::Relaxed, window, 400, clock.clone())
+        .expect("store");
+    let (release, released) = std::sync::mpsc::channel();
+    let opening = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stores = SlowStores {
+        started: started.clone(),
+        inner: counter_gateway::tenant::embedded(
+            dir.path(),
+            Durability::Relaxed,
+            window,
+            400,
+            clock.clone(),
+        ),
+        release: std::sync::Mutex::new(released),
+        opening: opening.clone(),
+    };
+    let tenants = Tenants::start(
+        std::sync::Arc::new(store),
+        PipelineConfig::default(),
+        Shared {
+            time_policy: Options::default().time_policy,
+            clock,
+            limits: Options::default().limits,
+            metrics: Default::default(),
+        },
+        Some(std::sync::Arc::new(stores)),
+        10,
+    );
+    let router = gateway_router(Gateway::open(tenants)).expect("router");
+    let post = |tenant: &str| {
+        axum::http::Request::post(format!("{PATH}/increment"))
+            .header("x-tenant", tenant)
+            .body(axum::body::Body::empty())
+            .expect("request")
+    };
+    let slow = tokio::spawn(router.clone().oneshot(post("slow")));
+    let waiting = std::time::Instant::now();
+    while !started.load(Ordering::SeqCst) {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(10),
+            "the opening never began"
+        );
+        tokio::task::yield_now().await;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The default tenant is served while "slow" is still being opened.
+    let r = router
+        .clone()
+        .oneshot(post("default"))
+        .await
+        .expect("default");
+    assert_eq!(r.status(), 200);
+    assert!(
+        opening.load(Ordering::SeqCst),
+        "the other request was answered only after the opening ended"
+    );
+    let _ = release.send(());
+    let r = slow.await.expect("task").expect("slow");
+    assert_eq!(r.status(), 200);
 }

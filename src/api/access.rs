@@ -32,22 +32,28 @@ pub struct Reader(pub AppState);
 /// The tenant's app, for a request allowed to delete.
 pub struct Admin(pub AppState);
 
+/// A writer opens its tenant when it is not open; a reader (and a delete,
+/// which has nothing to remove in a tenant without data) never creates one.
 macro_rules! role_extractor {
-    ($name:ident, $role:expr) => {
+    ($name:ident, $role:expr, $open:ident) => {
         impl FromRequestParts<Gateway> for $name {
             type Rejection = ApiError;
 
             async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, ApiError> {
                 let tenant = authorize(parts, gw, $role)?;
-                gw.tenants.get(&tenant).map($name).map_err(tenant_error)
+                gw.tenants
+                    .$open(&tenant)
+                    .await
+                    .map($name)
+                    .map_err(tenant_error)
             }
         }
     };
 }
 
-role_extractor!(Writer, Role::Write);
-role_extractor!(Reader, Role::Read);
-role_extractor!(Admin, Role::Admin);
+role_extractor!(Writer, Role::Write, writer);
+role_extractor!(Reader, Role::Read, reader);
+role_extractor!(Admin, Role::Admin, reader);
 
 /// For endpoints that span every tenant (`/metrics`): with keys configured,
 /// only an admin key of every tenant (`*`) may call them.

@@ -182,6 +182,19 @@ impl Pipeline {
         self.config.queue_capacity - self.permits.available_permits()
     }
 
+    /// Asks this pipeline's flusher to flush what is queued and stop,
+    /// leaving the queue bound it shares with other tenants open (closing
+    /// an idle tenant; [`Pipeline::close`] is for shutdown).
+    pub fn stop(&self) {
+        let _ = self.tx.send(Message::Close);
+    }
+
+    /// How many handles to this pipeline exist, this one included: one
+    /// means nobody else can submit to it.
+    pub fn handles(&self) -> usize {
+        self.tx.strong_count()
+    }
+
     /// Asks the flusher to flush what is queued and stop; later submissions
     /// are refused. Await the task returned by [`Pipeline::start`] to know it is done.
     pub fn close(&self) {

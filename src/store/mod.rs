@@ -4,6 +4,7 @@
 //! scenarios (`tests/conformance`).
 
 pub mod elasticsearch;
+pub mod empty;
 pub mod query;
 pub mod sqlite;
 

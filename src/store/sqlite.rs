@@ -94,6 +94,9 @@ fn upsert_bucket_sql() -> String {
     )
 }
 
+/// The database file in a store's data directory.
+pub const DB_FILE: &str = "counters.sqlite3";
+
 pub struct SqliteStore {
     path: PathBuf,
     writer: Arc<Mutex<Connection>>,
@@ -413,7 +416,7 @@ impl SqliteStore {
                 data_dir.display()
             ))
         })?;
-        let path = data_dir.join("counters.sqlite3");
+        let path = data_dir.join(DB_FILE);
         let mut conn = Connection::open(&path).map_err(internal)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(internal)?;

@@ -1,0 +1,92 @@
+//! The store of a tenant that holds no data: every read answers as an
+//! empty store would, and nothing can be written.
+//!
+//! Reads of a tenant that was never written to are served from this, so a
+//! read names a tenant without creating it (no database, no pipeline, no
+//! slot among `--max-tenants`): a flood of reads of made-up tenant names
+//! costs nothing that stays.
+
+use async_trait::async_trait;
+
+use super::{
+    Average, BatchOutcome, Bucket, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
+    TopList, TopQuery, UnusedPair, WriteBatch,
+};
+use crate::domain::{Counter, CounterKey, Window};
+
+/// A store with no counters; see the module documentation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EmptyStore;
+
+/// Why an empty store refuses a write: writes open the tenant's real store
+/// first, so reaching this is a bug in the caller, never the client's doing.
+const NO_WRITES: &str = "a tenant without data takes no writes here; writes open its store";
+
+#[async_trait]
+impl Store for EmptyStore {
+    async fn apply(&self, _batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        Err(StoreError::Internal(NO_WRITES.into()))
+    }
+
+    async fn sync(&self) -> Result<(), StoreError> {
+        Err(StoreError::Internal(NO_WRITES.into()))
+    }
+
+    async fn get(&self, _key: &CounterKey) -> Result<Option<Counter>, StoreError> {
+        Ok(None)
+    }
+
+    async fn target_counters(
+        &self,
+        _entity: &str,
+        _uuid: &str,
+    ) -> Result<Vec<Counter>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn delete(&self, _key: &CounterKey) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn histogram(
+        &self,
+        _key: &CounterKey,
+        _window: Window,
+    ) -> Result<Option<Vec<Bucket>>, StoreError> {
+        Ok(None)
+    }
+
+    async fn top(&self, _query: &TopQuery) -> Result<TopList, StoreError> {
+        Ok(TopList {
+            entries: Vec::new(),
+            exact: true,
+        })
+    }
+
+    async fn stale(&self, _query: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn unused(&self, _before_ms: i64) -> Result<Vec<UnusedPair>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn average(
+        &self,
+        _key: &CounterKey,
+        _window: Option<Window>,
+    ) -> Result<Option<Average>, StoreError> {
+        Ok(None)
+    }
+
+    async fn top_averages(&self, _query: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
+        Ok(TopAverages {
+            entries: Vec::new(),
+            exact: true,
+        })
+    }
+}
