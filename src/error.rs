@@ -148,7 +148,12 @@ impl IntoResponse for ApiError {
         };
         let mut res = (status, axum::Json(body)).into_response();
         match self {
-            ApiError::Overloaded => {
+            // Every 503 says when to come back, so that clients (and the
+            // proxies in front of them) back off instead of hammering.
+            ApiError::Overloaded
+            | ApiError::Unavailable(_)
+            | ApiError::Store { .. }
+            | ApiError::Timeout(_) => {
                 res.headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
@@ -221,6 +226,34 @@ impl From<SubmitError> for ApiError {
                 "the store could not apply all of the request; part of it may have been applied, so retry with event ids to count each event once",
                 m,
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_503_says_when_to_retry() {
+        let unavailable = [
+            ApiError::Overloaded,
+            ApiError::Unavailable("down".into()),
+            ApiError::store("the store did not answer", "connection refused"),
+            ApiError::Timeout(std::time::Duration::from_secs(1)),
+            SubmitError::TimedOut.into(),
+            SubmitError::ShuttingDown.into(),
+            SubmitError::Halted("halted".into()).into(),
+        ];
+        for e in unavailable {
+            let kind = e.kind();
+            let res = e.into_response();
+            assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "{kind}");
+            assert_eq!(
+                res.headers().get(header::RETRY_AFTER).map(|v| v.as_bytes()),
+                Some(&b"1"[..]),
+                "{kind}"
+            );
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 
 use crate::api::{self, Gateway};
 use crate::config::ServeArgs;
@@ -101,9 +101,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let tenants = gateway.tenants.clone();
     Tenants::spawn_idle_closer(&tenants, args.tenant_idle_timeout);
     let app = api::gateway_router(gateway)?;
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let listener =
+        listen(args.listen).map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%addr, "listening");
 
@@ -155,6 +154,24 @@ pub async fn setup(args: SetupArgs) -> Result<(), String> {
         tracing::info!(kibana = %url, objects = report.objects, "kibana objects imported");
     }
     Ok(())
+}
+
+/// Connections the kernel holds for us before `accept`. The usual 128 is
+/// what a burst of a thousand clients overflows while the gateway is busy:
+/// the kernel then resets connections, requests that get no answer at all
+/// (seen in the overload soak). Linux caps it at `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // A restarted gateway can bind while the old one's connections linger.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 async fn shutdown_signal() {

@@ -320,7 +320,7 @@ fn reason(status: u16) -> &'static str {
         415 => "Send application/json (or text/plain from sendBeacon)",
         429 => "Rate limit of this client reached; see Retry-After",
         500 => "Internal error",
-        503 => "Queue full (Retry-After), store unavailable, request timeout, or shutting down",
+        503 => "Queue full, store unavailable, request timeout, or shutting down; see Retry-After",
         _ => "Answer",
     }
 }
