@@ -755,6 +755,13 @@ async fn a_window_past_i64_answers_exactly_over_http() {
             .await;
         assert_eq!(r.status, 200, "{}", r.text);
     }
+    let r = app
+        .post(
+            "/v1/averages/RATING/STARS/t",
+            json!({"value": 5, "timestamp": at(0)}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
     let two = (2 * i128::from(max)).to_string();
     let today = counter_gateway::domain::format_day(t0());
     let yesterday = counter_gateway::domain::format_day(t0() - 1);
@@ -773,6 +780,22 @@ async fn a_window_past_i64_answers_exactly_over_http() {
         assert_eq!(r.status, 200, "{q}: {}", r.text);
         assert!(
             r.text.contains(&format!("\"sum\":{two},\"quantity\":2")),
+            "{q}: {}",
+            r.text
+        );
+        let at_uuid = |u: &str| r.text.find(&format!("\"uuid\":\"{u}\""));
+        assert!(
+            at_uuid("s") < at_uuid("t") && at_uuid("t").is_some(),
+            "{q}: {}",
+            r.text
+        );
+        let r = app
+            .get(&format!("/v1/top-averages/RATING/STARS?{q}&min_quantity=2"))
+            .await;
+        assert_eq!(r.status, 200, "{q}: {}", r.text);
+        assert!(!r.text.contains("\"uuid\":\"t\""), "{q}: {}", r.text);
+        assert!(
+            r.text.contains(&format!("\"sum\":{two}")),
             "{q}: {}",
             r.text
         );
