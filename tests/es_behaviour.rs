@@ -2000,3 +2000,60 @@ async fn a_counter_id_with_a_comma_is_read_and_deleted_unrouted() {
     assert!(!query.contains("routing"), "{query}");
     assert!(st.docs.is_empty(), "the counter and its bucket are gone");
 }
+
+/// Three increments near the i64 limits on different days: the counter
+/// stays at MAX, the week's buckets sum to 2·MAX, which the `sum`
+/// aggregation answers as a double (`1.8446744073709552E19`). The list
+/// answers 200 with that double's integer (2^64; it was cut to i64::MAX)
+/// and says it is not exact; the windowed average, summed exactly from its
+/// bucket documents, answers 2·MAX (it was a 500).
+#[tokio::test]
+async fn a_window_summing_past_i64_answers_on_the_fake_cluster() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let max = i64::MAX;
+    for (days, count) in [(10, -max), (1, max), (0, max)] {
+        let ev = json!({"events": [{"entity": "VIDEO", "action": "VIEW", "uuid": "a",
+                                    "count": count, "timestamp": ago(days)}]});
+        let (status, body) = call(&router, "POST", "/v1/events", Some(ev)).await;
+        assert_eq!(status, 200, "{body}");
+        let sample = json!({"value": count, "timestamp": ago(days)});
+        let (status, body) = call(&router, "POST", "/v1/averages/R/STARS/s", Some(sample)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/v1/top/VIDEO/VIEW?interval=last_week",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let value = &body["counters"][0]["value"];
+    assert_eq!(value.as_i64(), None, "{body}");
+    assert_eq!(value.as_f64(), Some(2f64.powi(64)), "{body}");
+    assert_eq!(body["exact"], false, "{body}");
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/v1/top/VIDEO/VIEW?interval=last_month",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // MAX itself is no double: the nearest, 2^63, is answered, inexact.
+    assert_eq!(body["counters"][0]["value"], json!(1u64 << 63), "{body}");
+    assert_eq!(body["exact"], false, "{body}");
+    // Read as text: 2·MAX is past u64, which `Value` would keep as a double.
+    let req = Request::builder()
+        .uri("/v1/averages/R/STARS/s?interval=last_week")
+        .body(Body::empty())
+        .unwrap();
+    let res = router.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let text = res.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    let want = format!("\"sum\":{},\"quantity\":2", 2 * i128::from(max));
+    assert!(text.contains(&want), "{text}");
+}

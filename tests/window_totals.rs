@@ -96,11 +96,11 @@ async fn top(store: &SqliteStore, len: i64, category: Option<&str>, size: usize)
         .entries
 }
 
-fn pairs(entries: &[TopEntry]) -> Vec<(String, i64)> {
+fn pairs(entries: &[TopEntry]) -> Vec<(String, i128)> {
     entries.iter().map(|e| (e.uuid.clone(), e.value)).collect()
 }
 
-fn list(items: &[(&str, i64)]) -> Vec<(String, i64)> {
+fn list(items: &[(&str, i128)]) -> Vec<(String, i128)> {
     items.iter().map(|(u, v)| (u.to_string(), *v)).collect()
 }
 
@@ -109,7 +109,7 @@ fn list(items: &[(&str, i64)]) -> Vec<(String, i64)> {
 fn kept_rows(dir: &std::path::Path, len: i64) -> i64 {
     let conn = rusqlite::Connection::open(dir.join("counters.sqlite3")).unwrap();
     conn.query_row(
-        "SELECT count(*) FROM window_totals WHERE win = ?1",
+        "SELECT count(*) FROM window_sums WHERE win = ?1",
         [len],
         |r| r.get(0),
     )
@@ -298,7 +298,7 @@ async fn a_database_without_window_totals_is_back_filled_at_open() {
     // What a schema-2 database looks like: no log, no totals.
     let conn = rusqlite::Connection::open(dir.path().join("counters.sqlite3")).unwrap();
     conn.execute_batch(
-        "DROP TABLE window_totals; DROP TABLE window_state; DROP TABLE bucket_log;
+        "DROP TABLE window_sums; DROP TABLE window_state; DROP TABLE bucket_log;
          PRAGMA user_version = 2;",
     )
     .unwrap();
@@ -360,15 +360,15 @@ struct Model {
 }
 
 impl Model {
-    fn top(&self, from: i64, to: i64, category: Option<&str>) -> Vec<(String, i64)> {
-        let mut rows: Vec<(String, i64)> = self
+    fn top(&self, from: i64, to: i64, category: Option<&str>) -> Vec<(String, i128)> {
+        let mut rows: Vec<(String, i128)> = self
             .buckets
             .iter()
             .filter(|(u, _)| category.is_none() || self.category[*u].as_deref() == category)
             .filter_map(|(u, b)| {
                 let mut days = b.range(from..=to).peekable();
                 days.peek()?;
-                Some((u.clone(), days.map(|(_, v)| v).sum()))
+                Some((u.clone(), days.map(|(_, v)| i128::from(*v)).sum()))
             })
             .collect();
         rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -587,4 +587,239 @@ async fn buckets_past_the_retention_are_deleted_in_the_background() {
         pairs(&top(&store, 365, None, 10).await),
         list(&[("a", 110), ("b", 50)])
     );
+}
+
+/// The top list of any window, `from..=to`: summed from buckets unless it is
+/// a named window ending today.
+async fn top_of(store: &SqliteStore, from: i64, to: i64, category: Option<&str>) -> Vec<TopEntry> {
+    store
+        .top(&TopQuery {
+            entity: "VIDEO".into(),
+            action: "VIEW".into(),
+            window: Some(Window {
+                from_day: from,
+                to_day: to,
+            }),
+            category: category.map(String::from),
+            size: 10,
+        })
+        .await
+        .expect("a window past i64 answers")
+        .entries
+}
+
+/// Three increments near the i64 limits on different days: each bucket and
+/// the counter's value stay in range (−MAX, MAX, MAX sums to MAX), but the
+/// week over the last two days sums to 2·MAX, and another counter's to
+/// −2·MAX. SQLite turned the kept `total + x` into a REAL (and `sum()`
+/// failed), so these lists answered errors; every list, from the kept
+/// totals (folded one write at a time, rolled, rebuilt at open) or by
+/// summing buckets, answers the exact sum, in order, with the category filter.
+#[tokio::test]
+async fn window_sums_past_i64_stay_exact() {
+    let t = t0();
+    let dir = tempfile::tempdir().unwrap();
+    let max = i64::MAX;
+    let big = i128::from(max);
+    {
+        let (store, clock) = open(dir.path(), t);
+        // One write (and one fold of the log) at a time: the third adds to
+        // a kept total that is already MAX.
+        for (day, delta) in [(t - 10, -max), (t - 1, max), (t, max)] {
+            write(&store, vec![inc("a", day, delta, Some("k"))]).await;
+            write(&store, vec![inc("b", day, -delta, Some("k"))]).await;
+            top(&store, 7, None, 10).await;
+        }
+        write(&store, vec![inc("c", t, 5, None)]).await;
+        let key = CounterKey::new("VIDEO", "VIEW", "a").unwrap();
+        assert_eq!(store.get(&key).await.unwrap().unwrap().value, max);
+        let week = list(&[("a", 2 * big), ("c", 5), ("b", -2 * big)]);
+        let month = list(&[("a", big), ("c", 5), ("b", -big)]);
+        assert_eq!(pairs(&top(&store, 7, None, 10).await), week);
+        assert_eq!(kept_rows(dir.path(), 7), 3);
+        assert_eq!(
+            pairs(&top(&store, 7, Some("k"), 10).await),
+            list(&[("a", 2 * big), ("b", -2 * big)])
+        );
+        assert_eq!(
+            pairs(&top(&store, 7, None, 1).await),
+            list(&[("a", 2 * big)])
+        );
+        assert_eq!(pairs(&top(&store, 30, None, 10).await), month);
+        assert_eq!(pairs(&top(&store, 365, None, 10).await), month);
+        // Summed from buckets: windows that are not named ones ending today.
+        assert_eq!(pairs(&top_of(&store, t - 1, t, None).await), week);
+        assert_eq!(
+            pairs(&top_of(&store, t - 1, t, Some("k")).await),
+            list(&[("a", 2 * big), ("b", -2 * big)])
+        );
+        assert_eq!(pairs(&top_of(&store, t - 30, t, None).await), month);
+        // Rolled by a day: the week still holds both days, the last day
+        // holds neither.
+        clock.set_day(t + 1);
+        assert_eq!(pairs(&top(&store, 7, None, 10).await), week);
+        assert_eq!(pairs(&top(&store, 1, None, 10).await), list(&[]));
+    }
+    // Rebuilt from buckets at open (what a database without totals gets).
+    let conn = rusqlite::Connection::open(dir.path().join("counters.sqlite3")).unwrap();
+    conn.execute_batch("DELETE FROM window_state;").unwrap();
+    drop(conn);
+    let (store, _clock) = open(dir.path(), t);
+    assert_eq!(
+        pairs(&top(&store, 7, None, 10).await),
+        list(&[("a", 2 * big), ("c", 5), ("b", -2 * big)])
+    );
+}
+
+/// A database of schema 3 kept window totals in one INTEGER column (and an
+/// overflowing one as a REAL): at open they are dropped and rebuilt exactly
+/// from the buckets, in one transaction, and the schema says 4.
+#[tokio::test]
+async fn a_schema_3_database_is_converted_at_open() {
+    let t = t0();
+    let dir = tempfile::tempdir().unwrap();
+    let max = i64::MAX;
+    {
+        let (store, _clock) = open(dir.path(), t);
+        write(
+            &store,
+            vec![
+                inc("a", t - 20, -1, None),
+                inc("a", t - 1, max, None),
+                inc("a", t, 1, None),
+            ],
+        )
+        .await;
+    }
+    let path = dir.path().join("counters.sqlite3");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "DROP TABLE window_sums;
+         CREATE TABLE window_totals (
+             win INTEGER NOT NULL, cid INTEGER NOT NULL, entity TEXT NOT NULL,
+             action TEXT NOT NULL, uuid TEXT NOT NULL, total INTEGER NOT NULL,
+             PRIMARY KEY (win, cid)) WITHOUT ROWID;
+         CREATE INDEX window_totals_top ON window_totals (win, entity, action, total DESC, uuid);
+         INSERT INTO window_totals SELECT 7, cid, entity, action, uuid, 9.3e18 FROM counters;
+         PRAGMA user_version = 3;",
+    )
+    .unwrap();
+    drop(conn);
+    let (store, _clock) = open(dir.path(), t);
+    assert_eq!(
+        pairs(&top(&store, 7, None, 10).await),
+        list(&[("a", i128::from(max) + 1)])
+    );
+    assert_eq!(kept_rows(dir.path(), 7), 1);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let old: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name LIKE 'window_totals%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(old, 0, "the schema-3 table and its index are gone");
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 4);
+}
+
+/// Over HTTP: a windowed top list past i64 answers 200 with the exact sum
+/// as a JSON number (serde_json writes i128 digits), and so do the windowed
+/// average, the windowed top averages and the histogram's total, whose sums
+/// of samples leave i64 the same way.
+#[tokio::test]
+async fn a_window_past_i64_answers_exactly_over_http() {
+    use common::{counter_path, rfc3339, TestApp};
+    use serde_json::json;
+    let app = TestApp::start().await;
+    let max = i64::MAX;
+    let at = |days: i64| rfc3339(common::test_now() - chrono::Duration::days(days));
+    for (days, count) in [(10, -max), (1, max), (0, max)] {
+        let r = app
+            .increment(
+                "VIDEO",
+                "VIEW",
+                "a",
+                json!({"count": count, "timestamp": at(days)}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let r = app
+            .post(
+                "/v1/averages/RATING/STARS/s",
+                json!({"value": count, "timestamp": at(days)}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let r = app
+        .post(
+            "/v1/averages/RATING/STARS/t",
+            json!({"value": 5, "timestamp": at(0)}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let two = (2 * i128::from(max)).to_string();
+    let today = counter_gateway::domain::format_day(t0());
+    let yesterday = counter_gateway::domain::format_day(t0() - 1);
+    for q in [
+        "interval=last_week".to_string(),
+        format!("from={yesterday}&to={today}"),
+    ] {
+        let r = app.get(&format!("/v1/top/VIDEO/VIEW?{q}")).await;
+        assert_eq!(r.status, 200, "{q}: {}", r.text);
+        assert!(
+            r.text.contains(&format!("\"value\":{two}")),
+            "{q}: {}",
+            r.text
+        );
+        let r = app.get(&format!("/v1/top-averages/RATING/STARS?{q}")).await;
+        assert_eq!(r.status, 200, "{q}: {}", r.text);
+        assert!(
+            r.text.contains(&format!("\"sum\":{two},\"quantity\":2")),
+            "{q}: {}",
+            r.text
+        );
+        let at_uuid = |u: &str| r.text.find(&format!("\"uuid\":\"{u}\""));
+        assert!(
+            at_uuid("s") < at_uuid("t") && at_uuid("t").is_some(),
+            "{q}: {}",
+            r.text
+        );
+        let r = app
+            .get(&format!("/v1/top-averages/RATING/STARS?{q}&min_quantity=2"))
+            .await;
+        assert_eq!(r.status, 200, "{q}: {}", r.text);
+        assert!(!r.text.contains("\"uuid\":\"t\""), "{q}: {}", r.text);
+        assert!(
+            r.text.contains(&format!("\"sum\":{two}")),
+            "{q}: {}",
+            r.text
+        );
+        let r = app.get(&format!("/v1/averages/RATING/STARS/s?{q}")).await;
+        assert_eq!(r.status, 200, "{q}: {}", r.text);
+        assert!(
+            r.text.contains(&format!("\"sum\":{two}")),
+            "{q}: {}",
+            r.text
+        );
+        let r = app
+            .get(&format!(
+                "{}?{q}",
+                counter_path("VIDEO", "VIEW", "a", "/histogram")
+            ))
+            .await;
+        assert_eq!(r.status, 200, "{q}: {}", r.text);
+        assert!(
+            r.text.contains(&format!("\"total\":{two}")),
+            "{q}: {}",
+            r.text
+        );
+    }
+    let r = app.get("/v1/top/VIDEO/VIEW?interval=last_month").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.text.contains(&format!("\"value\":{max}")), "{}", r.text);
 }

@@ -40,8 +40,9 @@ pub struct AverageJson {
     uuid: String,
     #[serde(flatten)]
     window: WindowJson,
-    sum: i64,
-    quantity: i64,
+    /// Within a window the sum (or quantity) may leave i64.
+    sum: i128,
+    quantity: i128,
     /// `sum / quantity`; `null` without samples.
     average: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -180,7 +180,8 @@ pub struct TopParams {
 pub struct TopEntryJson {
     id: String,
     uuid: String,
-    value: i64,
+    /// A window's sum may leave i64; serde_json writes every digit.
+    value: i128,
     #[serde(skip_serializing_if = "Option::is_none")]
     category: Option<String>,
 }
@@ -265,8 +266,8 @@ pub struct TopAveragesParams {
 pub struct AverageEntryJson {
     id: String,
     uuid: String,
-    sum: i64,
-    quantity: i64,
+    sum: i128,
+    quantity: i128,
     average: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     category: Option<String>,
@@ -287,7 +288,7 @@ pub struct TopAveragesJson {
 }
 
 /// `sum / quantity`, undefined without samples.
-pub fn mean(sum: i64, quantity: i64) -> Option<f64> {
+pub fn mean(sum: i128, quantity: i128) -> Option<f64> {
     (quantity != 0).then(|| sum as f64 / quantity as f64)
 }
 

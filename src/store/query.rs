@@ -26,8 +26,9 @@ pub struct TopQuery {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopEntry {
     pub uuid: String,
-    /// The counter's value, or its sum inside the window.
-    pub value: i64,
+    /// The counter's value, or its sum inside the window: `i128` because
+    /// the sum of several days' buckets, each within `i64`, may leave it.
+    pub value: i128,
     pub category: Option<String>,
 }
 
@@ -68,9 +69,10 @@ pub struct UnusedPair {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Average {
     pub key: CounterKey,
-    /// All time, or inside the window asked for.
-    pub sum: i64,
-    pub quantity: i64,
+    /// All time (within `i64`, as writes keep it), or inside the window
+    /// asked for, where the sum of several days may leave `i64`.
+    pub sum: i128,
+    pub quantity: i128,
     pub category: Option<String>,
     pub first_ms: i64,
     pub recorded_ms: i64,
@@ -94,8 +96,9 @@ pub struct TopAveragesQuery {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AverageEntry {
     pub uuid: String,
-    pub sum: i64,
-    pub quantity: i64,
+    /// `i128` as in [`Average`].
+    pub sum: i128,
+    pub quantity: i128,
     pub category: Option<String>,
 }
 

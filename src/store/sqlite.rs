@@ -36,7 +36,8 @@ mod rollup;
 /// 2: indexes for top lists and reports, average counters (`queries::SCHEMA_V2`).
 /// 3: totals of the named rolling windows and their change log
 /// (`rollup::SCHEMA_V3`), back-filled from `buckets` at open.
-const SCHEMA_VERSION: i64 = 3;
+/// 4: those totals exact past i64 (`window_sums`); version 3's are rebuilt.
+const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS counters (

@@ -342,10 +342,12 @@ fn text(v: Option<&Value>) -> Option<String> {
 }
 
 /// A double from an aggregation as an integer, and whether it is exact.
-fn whole(v: f64) -> (i64, bool) {
+/// A `sum` past i64 (a window of several days near the limits, answered
+/// as e.g. `1.8446744073709552E19`) is the double's own integer: `i128`
+/// holds it (`as` saturates only past ±1.7e38), flagged inexact.
+fn whole(v: f64) -> (i128, bool) {
     let exact = v.is_finite() && v.fract() == 0.0 && v.abs() < EXACT_DOUBLE;
-    // `as` saturates: an inexact value is at least in the right direction.
-    (v as i64, exact)
+    (v as i128, exact)
 }
 
 /// The day buckets of a [`buckets_query`] answer (counters).
@@ -365,18 +367,15 @@ pub fn buckets_from_search(body: &Value) -> Result<Vec<Bucket>, String> {
 }
 
 /// The sum and quantity of an average's buckets ([`buckets_query`] answer),
-/// added here exactly; `Err` if the total leaves i64 (as SQLite's sum would).
-pub fn average_window_from_search(body: &Value) -> Result<(i64, i64), String> {
+/// added here exactly, also past i64.
+pub fn average_window_from_search(body: &Value) -> Result<(i128, i128), String> {
     let (mut sum, mut quantity) = (0i128, 0i128);
     for h in hits(body)? {
         let s = source(h)?;
         sum += i128::from(int(s.get("sum")).ok_or("an average bucket has no sum")?);
         quantity += i128::from(int(s.get("quantity")).ok_or("an average bucket has no quantity")?);
     }
-    match (i64::try_from(sum), i64::try_from(quantity)) {
-        (Ok(s), Ok(q)) => Ok((s, q)),
-        _ => Err("the sum of the window leaves the signed 64-bit range".into()),
-    }
+    Ok((sum, quantity))
 }
 
 /// The entries of a [`top_all_time_query`] answer, in hit order.
@@ -387,7 +386,7 @@ pub fn top_from_search(body: &Value) -> Result<Vec<TopEntry>, String> {
             let s = source(h)?;
             Ok(TopEntry {
                 uuid: text(s.get("uuid")).ok_or("a counter has no uuid")?,
-                value: int(s.get("value")).ok_or("a counter has no value")?,
+                value: int(s.get("value")).ok_or("a counter has no value")?.into(),
                 category: text(s.get("category")),
             })
         })
@@ -413,7 +412,7 @@ pub fn uuids_from_search(body: &Value) -> Result<(Vec<String>, bool), String> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct WindowTop {
     /// `(uuid, sum in the window)`, in the answer's order.
-    pub entries: Vec<(String, i64)>,
+    pub entries: Vec<(String, i128)>,
     /// Every sum fitted a double exactly.
     pub sums_exact: bool,
     /// Documents that fell in no returned term: 0 means every counter of the
@@ -559,7 +558,7 @@ pub fn sort_unused(pairs: &mut [UnusedPair]) {
 }
 
 /// One average of a windowed page: `(uuid, sum, quantity)`.
-pub type AverageRow = (String, i64, i64);
+pub type AverageRow = (String, i128, i128);
 
 /// The averages of one windowed page; `false` in the second place when a
 /// sum did not fit a double exactly.
@@ -569,7 +568,7 @@ pub fn averages_page(buckets: &[Value]) -> Result<(Vec<AverageRow>, bool), Strin
         .iter()
         .map(|b| {
             let uuid = text(b.pointer("/key/uuid")).ok_or("an average has no key.uuid")?;
-            let mut get = |name: &str| -> Result<i64, String> {
+            let mut get = |name: &str| -> Result<i128, String> {
                 let v = b
                     .pointer(&format!("/{name}/value"))
                     .and_then(Value::as_f64)
@@ -605,8 +604,10 @@ pub fn top_averages_from_search(body: &Value) -> Result<Vec<AverageEntry>, Strin
             let s = source(h)?;
             Ok(AverageEntry {
                 uuid: text(s.get("uuid")).ok_or("an average has no uuid")?,
-                sum: int(s.get("sum")).ok_or("an average has no sum")?,
-                quantity: int(s.get("quantity")).ok_or("an average has no quantity")?,
+                sum: int(s.get("sum")).ok_or("an average has no sum")?.into(),
+                quantity: int(s.get("quantity"))
+                    .ok_or("an average has no quantity")?
+                    .into(),
                 category: text(s.get("category")),
             })
         })
@@ -619,8 +620,8 @@ pub fn average_from_source(key: &CounterKey, s: &Value) -> Option<Average> {
     let recorded_ms = ms(s.get("recorded_timestamp"))?;
     Some(Average {
         key: key.clone(),
-        sum: int(s.get("sum"))?,
-        quantity: int(s.get("quantity"))?,
+        sum: int(s.get("sum"))?.into(),
+        quantity: int(s.get("quantity"))?.into(),
         category: text(s.get("category")),
         first_ms: ms(s.get("first_timestamp")).unwrap_or(recorded_ms),
         recorded_ms,

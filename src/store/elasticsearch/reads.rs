@@ -135,7 +135,7 @@ impl ElasticsearchStore {
             .await?;
         let top = query::window_top_from_aggs(&answer).map_err(StoreError::Internal)?;
         let exact = top.exact(one_month, &cat);
-        let picked: Vec<&(String, i64)> = top.entries.iter().take(q.size).collect();
+        let picked: Vec<&(String, i128)> = top.entries.iter().take(q.size).collect();
         let uuids: Vec<&str> = picked.iter().map(|(u, _)| u.as_str()).collect();
         let categories = self
             .categories(&counters, &q.entity, &q.action, &uuids)
@@ -265,7 +265,7 @@ impl ElasticsearchStore {
             exact &= rows_exact;
             best.extend(
                 rows.into_iter()
-                    .filter(|(_, _, n)| *n >= q.min_quantity)
+                    .filter(|(_, _, n)| *n >= i128::from(q.min_quantity))
                     .map(|(uuid, sum, quantity)| AverageEntry {
                         uuid,
                         sum,

@@ -6,6 +6,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::internal;
+use super::rollup::{join, split_sum};
 use crate::domain::AverageDelta;
 use crate::domain::{Counter, CounterKey, Window};
 use crate::store::{
@@ -164,15 +165,15 @@ fn limit(size: usize) -> i64 {
 /// (a category filter skips rows of other categories on the way).
 /// A window: the sum of the window's buckets per counter of the pair.
 pub(super) fn top(conn: &Connection, q: &TopQuery) -> Result<TopList, StoreError> {
-    let read = |r: &rusqlite::Row<'_>| {
-        Ok(TopEntry {
-            uuid: r.get(0)?,
-            value: r.get(1)?,
-            category: r.get(2)?,
-        })
-    };
     let entries = match q.window {
         None => {
+            let read = |r: &rusqlite::Row<'_>| {
+                Ok(TopEntry {
+                    uuid: r.get(0)?,
+                    value: r.get::<_, i64>(1)?.into(),
+                    category: r.get(2)?,
+                })
+            };
             let mut s = conn
                 .prepare_cached(
                     "SELECT uuid, value, category FROM counters INDEXED BY counters_top
@@ -185,41 +186,82 @@ pub(super) fn top(conn: &Connection, q: &TopQuery) -> Result<TopList, StoreError
                 .map_err(internal)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(internal)?
         }
-        Some(w) => {
-            let mut s = conn
-                // Buckets first: one sequential read of the window's days
-                // (clustered by day), then one lookup per counter. Driving
-                // from the counters of the pair instead costs a random seek
-                // into the buckets per counter, ten times slower at 1M.
-                .prepare_cached(
-                    "SELECT c.uuid, s.total, c.category
-                     FROM (SELECT cid, sum(value) AS total FROM buckets
-                           WHERE day BETWEEN ?3 AND ?4 GROUP BY cid) s
-                     JOIN counters c ON c.cid = s.cid
-                     WHERE c.entity = ?1 AND c.action = ?2 AND (?5 IS NULL OR c.category = ?5)
-                     ORDER BY s.total DESC, c.uuid LIMIT ?6",
-                )
-                .map_err(internal)?;
-            let rows = s
-                .query_map(
-                    params![
-                        q.entity,
-                        q.action,
-                        w.from_day,
-                        w.to_day,
-                        q.category,
-                        limit(q.size)
-                    ],
-                    read,
-                )
-                .map_err(internal)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(internal)?
+        Some(w) => match summed_top(conn, q, w, false) {
+            Err(e) if overflowed(&e) => summed_top(conn, q, w, true),
+            r => r,
         }
+        .map_err(internal)?,
     };
     Ok(TopList {
         entries,
         exact: true,
     })
+}
+
+/// SQLite's `sum()` left i64 ("integer overflow"): the one failure that
+/// summing again in 32-bit halves answers.
+fn overflowed(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(_, Some(m)) if m == "integer overflow")
+}
+
+/// The top list of a window summed from its buckets. Buckets first: one
+/// sequential read of the window's days (clustered by day), then one lookup
+/// per counter. Driving from the counters of the pair instead costs a random
+/// seek into the buckets per counter, ten times slower at 1M.
+///
+/// `exact`: the sums in 32-bit halves, carried into the kept totals' pair
+/// (`rollup::split`) and ordered the same way, exact past i64. That costs
+/// about a quarter more on every list, so it is asked for only once a plain
+/// `sum()` has failed on a counter whose days leave i64.
+fn summed_top(
+    conn: &Connection,
+    q: &TopQuery,
+    w: Window,
+    exact: bool,
+) -> rusqlite::Result<Vec<TopEntry>> {
+    const FILTER: &str = "JOIN counters c ON c.cid = s.cid
+         WHERE c.entity = ?1 AND c.action = ?2 AND (?5 IS NULL OR c.category = ?5)";
+    let sql = if exact {
+        format!(
+            "SELECT c.uuid, s.hi, s.lo, c.category
+             FROM (SELECT cid, {} FROM (
+                       SELECT cid, sum(value >> 32) AS h, sum(value & 4294967295) AS l
+                       FROM buckets WHERE day BETWEEN ?3 AND ?4 GROUP BY cid)) s
+             {FILTER} ORDER BY s.hi DESC, s.lo DESC, c.uuid LIMIT ?6",
+            split_sum("h", "l", "")
+        )
+    } else {
+        format!(
+            "SELECT c.uuid, s.total, c.category
+             FROM (SELECT cid, sum(value) AS total FROM buckets
+                   WHERE day BETWEEN ?3 AND ?4 GROUP BY cid) s
+             {FILTER} ORDER BY s.total DESC, c.uuid LIMIT ?6"
+        )
+    };
+    let mut s = conn.prepare_cached(&sql)?;
+    let rows = s.query_map(
+        params![
+            q.entity,
+            q.action,
+            w.from_day,
+            w.to_day,
+            q.category,
+            limit(q.size)
+        ],
+        |r| {
+            let value = if exact {
+                join(r.get(1)?, r.get(2)?)
+            } else {
+                r.get::<_, i64>(1)?.into()
+            };
+            Ok(TopEntry {
+                uuid: r.get(0)?,
+                value,
+                category: r.get(if exact { 3 } else { 2 })?,
+            })
+        },
+    )?;
+    rows.collect()
 }
 
 pub(super) fn stale(conn: &Connection, q: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
@@ -328,8 +370,8 @@ pub(super) fn average(
                     r.get::<_, i64>(0)?,
                     Average {
                         key: key.clone(),
-                        sum: r.get(1)?,
-                        quantity: r.get(2)?,
+                        sum: r.get::<_, i64>(1)?.into(),
+                        quantity: r.get::<_, i64>(2)?.into(),
                         category: r.get(3)?,
                         first_ms: r.get(4)?,
                         recorded_ms: r.get(5)?,
@@ -343,15 +385,22 @@ pub(super) fn average(
         return Ok(None);
     };
     if let Some(w) = window {
+        // In 32-bit halves, like the unused report: a window's sum of
+        // several days may leave i64 (where `sum()` fails).
+        let halves = |r: &rusqlite::Row<'_>, i: usize| -> rusqlite::Result<i128> {
+            let (h, l): (i64, i64) = (r.get(i)?, r.get(i + 1)?);
+            Ok((i128::from(h) << 32) + i128::from(l))
+        };
         let (sum, quantity) = conn
             .prepare_cached(
-                "SELECT coalesce(sum(sum), 0), coalesce(sum(quantity), 0)
+                "SELECT coalesce(sum(sum >> 32), 0), coalesce(sum(sum & 4294967295), 0),
+                        coalesce(sum(quantity >> 32), 0), coalesce(sum(quantity & 4294967295), 0)
                  FROM average_buckets INDEXED BY average_buckets_by_average
                  WHERE aid = ?1 AND day BETWEEN ?2 AND ?3",
             )
             .and_then(|mut s| {
                 s.query_row(params![aid, w.from_day, w.to_day], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
+                    Ok((halves(r, 0)?, halves(r, 2)?))
                 })
             })
             .map_err(internal)?;
@@ -361,52 +410,100 @@ pub(super) fn average(
     Ok(Some(avg))
 }
 
+/// A kept pair `(hi, lo)` as a double: one rounding, the same as
+/// `CAST(x AS REAL)`, while the value fits i64.
+fn real(hi: &str, lo: &str) -> String {
+    format!(
+        "(CASE WHEN {hi} BETWEEN -2 AND 1 THEN CAST({hi} * 4611686018427387904 + {lo} AS REAL)
+          ELSE {hi} * 4611686018427387904.0 + {lo} END)"
+    )
+}
+
+/// Over a window, the sums and quantities of the plain query are summed
+/// again in 32-bit halves when one leaves i64 (as for [`summed_top`]).
 pub(super) fn top_averages(
     conn: &Connection,
     q: &TopAveragesQuery,
 ) -> Result<TopAverages, StoreError> {
-    let read = |r: &rusqlite::Row<'_>| {
-        Ok(AverageEntry {
-            uuid: r.get(0)?,
-            sum: r.get(1)?,
-            quantity: r.get(2)?,
-            category: r.get(3)?,
-        })
-    };
-    let sql = match q.window {
-        None => {
-            "SELECT uuid, sum, quantity, category FROM averages
+    let entries = match ranked_averages(conn, q, false) {
+        Err(e) if q.window.is_some() && overflowed(&e) => ranked_averages(conn, q, true),
+        r => r,
+    }
+    .map_err(internal)?;
+    Ok(TopAverages {
+        entries,
+        exact: true,
+    })
+}
+
+/// `exact` (a window only): sums and quantities as the kept totals' pairs
+/// (`rollup::split`), ordered by the quotient of their doubles as the plain
+/// query orders by `CAST(s AS REAL) / n`, then by quantity.
+fn ranked_averages(
+    conn: &Connection,
+    q: &TopAveragesQuery,
+    exact: bool,
+) -> rusqlite::Result<Vec<AverageEntry>> {
+    let sql = match (q.window, exact) {
+        (None, _) => "SELECT uuid, sum, quantity, category FROM averages
              WHERE entity = ?1 AND action = ?2 AND (?3 IS NULL OR category = ?3)
                AND quantity >= ?4 AND ?5 IS NULL AND ?6 IS NULL
              ORDER BY CAST(sum AS REAL) / quantity DESC, quantity DESC, uuid LIMIT ?7"
-        }
-        Some(_) => {
-            "SELECT a.uuid, sum(b.sum) AS s, sum(b.quantity) AS n, a.category
+            .to_string(),
+        (Some(_), false) => "SELECT a.uuid, sum(b.sum) AS s, sum(b.quantity) AS n, a.category
              FROM average_buckets b JOIN averages a ON a.aid = b.aid
              WHERE b.day BETWEEN ?5 AND ?6 AND a.entity = ?1 AND a.action = ?2
                AND (?3 IS NULL OR a.category = ?3)
              GROUP BY b.aid HAVING n >= ?4
              ORDER BY CAST(s AS REAL) / n DESC, n DESC, a.uuid LIMIT ?7"
-        }
+            .to_string(),
+        (Some(_), true) => format!(
+            "SELECT a.uuid, w.shi, w.slo, w.nhi, w.nlo, a.category
+             FROM (SELECT aid, {s}, {n} FROM (
+                       SELECT b.aid, sum(b.sum >> 32) AS sh, sum(b.sum & 4294967295) AS sl,
+                              sum(b.quantity >> 32) AS nh, sum(b.quantity & 4294967295) AS nl
+                       FROM average_buckets b JOIN averages a ON a.aid = b.aid
+                       WHERE b.day BETWEEN ?5 AND ?6 AND a.entity = ?1 AND a.action = ?2
+                         AND (?3 IS NULL OR a.category = ?3)
+                       GROUP BY b.aid)) w
+             JOIN averages a ON a.aid = w.aid
+             WHERE (w.nhi, w.nlo) >= (?4 >> 62, ?4 & 4611686018427387903)
+             ORDER BY {avg_s} / {avg_n} DESC, w.nhi DESC, w.nlo DESC, a.uuid LIMIT ?7",
+            s = split_sum("sh", "sl", "s"),
+            n = split_sum("nh", "nl", "n"),
+            avg_s = real("w.shi", "w.slo"),
+            avg_n = real("w.nhi", "w.nlo"),
+        ),
     };
-    let mut s = conn.prepare_cached(sql).map_err(internal)?;
-    let rows = s
-        .query_map(
-            params![
-                q.entity,
-                q.action,
-                q.category,
-                q.min_quantity,
-                q.window.map(|w| w.from_day),
-                q.window.map(|w| w.to_day),
-                limit(q.size)
-            ],
-            read,
-        )
-        .map_err(internal)?;
-    let entries = rows.collect::<Result<Vec<_>, _>>().map_err(internal)?;
-    Ok(TopAverages {
-        entries,
-        exact: true,
-    })
+    let exact = exact && q.window.is_some();
+    let mut s = conn.prepare_cached(&sql)?;
+    let rows = s.query_map(
+        params![
+            q.entity,
+            q.action,
+            q.category,
+            q.min_quantity,
+            q.window.map(|w| w.from_day),
+            q.window.map(|w| w.to_day),
+            limit(q.size)
+        ],
+        |r| {
+            Ok(if exact {
+                AverageEntry {
+                    uuid: r.get(0)?,
+                    sum: join(r.get(1)?, r.get(2)?),
+                    quantity: join(r.get(3)?, r.get(4)?),
+                    category: r.get(5)?,
+                }
+            } else {
+                AverageEntry {
+                    uuid: r.get(0)?,
+                    sum: r.get::<_, i64>(1)?.into(),
+                    quantity: r.get::<_, i64>(2)?.into(),
+                    category: r.get(3)?,
+                }
+            })
+        },
+    )?;
+    rows.collect()
 }

@@ -8,7 +8,7 @@
 //!   `bucket_log`, at the right edge of a rowid table: a few pages per flush,
 //!   so the increment path stays as cheap as before.
 //! - The roll-up, run in the writer connection (so serialised with flushes),
-//!   folds the log into `window_totals` in bounded steps, summing a step's
+//!   folds the log into `window_sums` in bounded steps, summing a step's
 //!   log rows per (window, counter) in memory first so a hot counter costs
 //!   one index update per step, not one per flush.
 //! - When the UTC day changes each window moves by one day at a time, in
@@ -17,6 +17,12 @@
 //!   is read from `buckets` by day (a range of its primary key).
 //! - A counter is in a window's totals exactly when it has a bucket inside
 //!   the window (today's rule of windowed lists), even when the sum is 0.
+//! - A total is kept in two integers, `hi · 2^62 + lo` with `0 <= lo < 2^62`:
+//!   each bucket fits i64 but a window's sum of several days need not, and
+//!   an overflowing `total + x` would turn into a REAL. The pair is unique
+//!   for a value, so `(hi DESC, lo DESC)` is the order of the exact sums and
+//!   the top index still holds it; `lo + lo'` stays below 2^63, so the carry
+//!   is computed in SQL without reading the row first.
 //!
 //! Every step is one transaction that leaves the tables consistent: the log
 //! rows it folds are deleted in it, and a day is rolled only once the log is
@@ -37,7 +43,9 @@ use super::internal;
 use crate::domain::{Window, NAMED_INTERVALS};
 use crate::store::{StoreError, TopEntry, TopQuery};
 
-/// Schema added in version 3 (see the module documentation).
+/// Schema added in version 3, its totals split in two integers as
+/// `window_sums` in version 4 (see the module documentation); [`backfill`]
+/// drops version 3's `window_totals` and rebuilds.
 pub(super) const SCHEMA_V3: &str = "
 -- One row per coalesced (counter, day) delta of a flush, until rolled up.
 CREATE TABLE IF NOT EXISTS bucket_log (
@@ -48,17 +56,19 @@ CREATE TABLE IF NOT EXISTS bucket_log (
 );
 -- win: the window's length in days. entity/action/uuid copy the counter's
 -- (immutable) key so the top index is ordered inside one pair.
-CREATE TABLE IF NOT EXISTS window_totals (
+-- The total is hi * 2^62 + lo, 0 <= lo < 2^62.
+CREATE TABLE IF NOT EXISTS window_sums (
     win    INTEGER NOT NULL,
     cid    INTEGER NOT NULL,
     entity TEXT    NOT NULL,
     action TEXT    NOT NULL,
     uuid   TEXT    NOT NULL,
-    total  INTEGER NOT NULL,
+    hi     INTEGER NOT NULL,
+    lo     INTEGER NOT NULL,
     PRIMARY KEY (win, cid)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS window_totals_top
-    ON window_totals (win, entity, action, total DESC, uuid);
+CREATE INDEX IF NOT EXISTS window_sums_top
+    ON window_sums (win, entity, action, hi DESC, lo DESC, uuid);
 -- anchor: the UTC day the window ends at; cursor > 0: a roll to anchor + 1
 -- is under way and counters with cid <= cursor have moved already.
 CREATE TABLE IF NOT EXISTS window_state (
@@ -77,6 +87,35 @@ pub(super) const QUERY_STEP_ROWS: usize = 20_000;
 /// how long it holds the writer (a step is not interrupted), and with it how
 /// much it takes from the flushes.
 pub(super) const BACKGROUND_STEP_ROWS: usize = 2_000;
+
+/// The low part of a kept total: `LO_BITS` bits, so two of them add
+/// without leaving i64.
+const LO_BITS: u32 = 62;
+const LO_MASK: i64 = (1 << LO_BITS) - 1;
+
+/// `v` as the kept pair `(hi, lo)`. `hi` fits i64 for any sum of fewer
+/// than 2^61 values of i64 (a step folds at most `QUERY_STEP_ROWS`).
+pub(super) fn split(v: i128) -> (i64, i64) {
+    let hi = i64::try_from(v >> LO_BITS).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX });
+    (hi, (v & i128::from(LO_MASK)) as i64)
+}
+
+/// The value of a kept pair, or of the columns of [`split_sum`].
+pub(super) fn join(hi: i64, lo: i64) -> i128 {
+    (i128::from(hi) << LO_BITS) + i128::from(lo)
+}
+
+/// SQL for the columns `{name}hi, {name}lo` ([`split`]) of a sum of
+/// buckets, exact past i64 where `sum()` fails: `h` and `l` name the sums
+/// of the values' high and low 32-bit halves (`sum(value >> 32)`,
+/// `sum(value & 4294967295)`), carried here into the pair; exact for a
+/// group of fewer than 2^30 rows (one counter's days: at most a few hundred).
+pub(super) fn split_sum(h: &str, l: &str, name: &str) -> String {
+    format!(
+        "({h} >> 30) + (((({h} & 1073741823) << 32) + {l}) >> 62) AS {name}hi,
+         ((({h} & 1073741823) << 32) + {l}) & 4611686018427387903 AS {name}lo"
+    )
+}
 
 /// The named windows' lengths in days.
 pub(super) fn lengths() -> impl Iterator<Item = i64> {
@@ -126,17 +165,28 @@ fn load_states(conn: &Connection) -> Result<Vec<State>, StoreError> {
 }
 
 /// Creates the totals of every named window from `buckets` when any is
-/// missing (a database of schema 2, or a new one). The log is cleared: the
-/// buckets already hold every delta it could carry.
+/// missing (a database of schema 2, or a new one) or they are schema 3's
+/// `window_totals` (one INTEGER that a sum past i64 turned into a REAL),
+/// which is dropped: converting would need the buckets anyway. The log is
+/// cleared: the buckets already hold every delta it could carry. One
+/// transaction, so a crash leaves the old state to be converted again.
 pub(super) fn backfill(conn: &mut Connection, today: i64) -> Result<(), StoreError> {
-    if load_states(conn)?.len() == lengths().count() {
+    let legacy: bool = conn
+        .query_row(
+            "SELECT count(*) > 0 FROM sqlite_schema WHERE type = 'table' AND name = 'window_totals'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(internal)?;
+    if !legacy && load_states(conn)?.len() == lengths().count() {
         return Ok(());
     }
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(internal)?;
     tx.execute_batch(
-        "DELETE FROM bucket_log; DELETE FROM window_totals; DELETE FROM window_state;",
+        "DROP TABLE IF EXISTS window_totals;
+         DELETE FROM bucket_log; DELETE FROM window_sums; DELETE FROM window_state;",
     )
     .map_err(internal)?;
     for len in lengths() {
@@ -147,16 +197,18 @@ pub(super) fn backfill(conn: &mut Connection, today: i64) -> Result<(), StoreErr
 
 /// Recomputes one window's totals from its buckets, ending on `today`.
 fn rebuild(tx: &Connection, len: i64, today: i64) -> Result<(), StoreError> {
-    tx.execute("DELETE FROM window_totals WHERE win = ?1", [len])
+    tx.execute("DELETE FROM window_sums WHERE win = ?1", [len])
         .map_err(internal)?;
-    tx.execute(
-        "INSERT INTO window_totals (win, cid, entity, action, uuid, total)
-         SELECT ?1, c.cid, c.entity, c.action, c.uuid, s.total
-         FROM (SELECT cid, sum(value) AS total FROM buckets
-               WHERE day BETWEEN ?2 AND ?3 GROUP BY cid) s
+    tx.prepare_cached(&format!(
+        "INSERT INTO window_sums (win, cid, entity, action, uuid, hi, lo)
+         SELECT ?1, c.cid, c.entity, c.action, c.uuid, s.hi, s.lo
+         FROM (SELECT cid, {} FROM (
+                   SELECT cid, sum(value >> 32) AS h, sum(value & 4294967295) AS l
+                   FROM buckets WHERE day BETWEEN ?2 AND ?3 GROUP BY cid)) s
          JOIN counters c ON c.cid = s.cid",
-        params![len, today - len + 1, today],
-    )
+        split_sum("h", "l", "")
+    ))
+    .and_then(|mut s| s.execute(params![len, today - len + 1, today]))
     .map_err(internal)?;
     tx.execute(
         "INSERT OR REPLACE INTO window_state (win, anchor, cursor) VALUES (?1, ?2, 0)",
@@ -168,14 +220,32 @@ fn rebuild(tx: &Connection, len: i64, today: i64) -> Result<(), StoreError> {
 
 /// Adds `delta` to a counter's total in window `len`, creating the row (the
 /// counter now has a bucket in the window). A counter deleted meanwhile is
-/// skipped: the `SELECT` finds nothing.
-fn add(tx: &Connection, len: i64, cid: i64, delta: i64) -> Result<(), StoreError> {
+/// skipped: the `SELECT` finds nothing. The carry out of `lo` goes to `hi`
+/// (the `SET` expressions all read the row as it was).
+fn add(tx: &Connection, len: i64, cid: i64, delta: i128) -> Result<(), StoreError> {
+    let (hi, lo) = split(delta);
     tx.prepare_cached(
-        "INSERT INTO window_totals (win, cid, entity, action, uuid, total)
-         SELECT ?1, cid, entity, action, uuid, ?3 FROM counters WHERE cid = ?2
-         ON CONFLICT (win, cid) DO UPDATE SET total = total + excluded.total",
+        "INSERT INTO window_sums (win, cid, entity, action, uuid, hi, lo)
+         SELECT ?1, cid, entity, action, uuid, ?3, ?4 FROM counters WHERE cid = ?2
+         ON CONFLICT (win, cid) DO UPDATE SET
+             hi = hi + excluded.hi + ((lo + excluded.lo) >> 62),
+             lo = (lo + excluded.lo) & 4611686018427387903",
     )
-    .and_then(|mut s| s.execute(params![len, cid, delta]))
+    .and_then(|mut s| s.execute(params![len, cid, hi, lo]))
+    .map_err(internal)?;
+    Ok(())
+}
+
+/// Subtracts `value` from a counter's total in window `len`, if it has one.
+fn sub(tx: &Connection, len: i64, cid: i64, value: i64) -> Result<(), StoreError> {
+    let (hi, lo) = split(-i128::from(value));
+    tx.prepare_cached(
+        "UPDATE window_sums SET
+             hi = hi + ?3 + ((lo + ?4) >> 62),
+             lo = (lo + ?4) & 4611686018427387903
+         WHERE win = ?1 AND cid = ?2",
+    )
+    .and_then(|mut s| s.execute(params![len, cid, hi, lo]))
     .map_err(internal)?;
     Ok(())
 }
@@ -244,9 +314,6 @@ pub(super) fn step(conn: &mut Connection, today: i64, rows: usize) -> Result<Pro
             }
         }
         for ((len, cid), sum) in sums {
-            // A window's sum leaves i64 only if its counter's days do
-            // (buckets are each in range); saturate rather than fail the step.
-            let sum = i64::try_from(sum).unwrap_or(if sum > 0 { i64::MAX } else { i64::MIN });
             add(&tx, len, cid, sum)?;
         }
         tx.execute("DELETE FROM bucket_log WHERE seq <= ?1", [last])
@@ -322,18 +389,15 @@ fn roll_chunk(tx: &Connection, s: State, rows: usize) -> Result<(), StoreError> 
         hi = enter.last().map_or(hi, |r| r.0);
         leave.retain(|r| r.0 <= hi);
     }
-    let mut sub = tx
-        .prepare_cached("UPDATE window_totals SET total = total - ?3 WHERE win = ?1 AND cid = ?2")
-        .map_err(internal)?;
     for &(cid, v) in &leave {
-        sub.execute(params![s.len, cid, v]).map_err(internal)?;
+        sub(tx, s.len, cid, v)?;
     }
     for &(cid, v) in &enter {
-        add(tx, s.len, cid, v)?;
+        add(tx, s.len, cid, i128::from(v))?;
     }
     let mut drop_empty = tx
         .prepare_cached(
-            "DELETE FROM window_totals WHERE win = ?1 AND cid = ?2 AND NOT EXISTS (
+            "DELETE FROM window_sums WHERE win = ?1 AND cid = ?2 AND NOT EXISTS (
                  SELECT 1 FROM buckets INDEXED BY buckets_by_counter
                  WHERE cid = ?2 AND day BETWEEN ?3 AND ?4)",
         )
@@ -397,12 +461,12 @@ pub(super) fn top(
     // rows of other categories on the way, like the all-time list.
     let mut s = tx
         .prepare_cached(
-            "SELECT w.uuid, w.total, c.category
-             FROM window_totals w INDEXED BY window_totals_top
+            "SELECT w.uuid, w.hi, w.lo, c.category
+             FROM window_sums w INDEXED BY window_sums_top
              JOIN counters c ON c.cid = w.cid
              WHERE w.win = ?1 AND w.entity = ?2 AND w.action = ?3
                AND (?4 IS NULL OR c.category = ?4)
-             ORDER BY w.total DESC, w.uuid LIMIT ?5",
+             ORDER BY w.hi DESC, w.lo DESC, w.uuid LIMIT ?5",
         )
         .map_err(internal)?;
     let rows = s
@@ -417,8 +481,8 @@ pub(super) fn top(
             |r| {
                 Ok(TopEntry {
                     uuid: r.get(0)?,
-                    value: r.get(1)?,
-                    category: r.get(2)?,
+                    value: join(r.get(1)?, r.get(2)?),
+                    category: r.get(3)?,
                 })
             },
         )
@@ -433,7 +497,7 @@ pub(super) fn top(
 pub(super) fn forget(tx: &Connection, cid: i64) -> Result<(), StoreError> {
     for len in lengths() {
         tx.execute(
-            "DELETE FROM window_totals WHERE win = ?1 AND cid = ?2",
+            "DELETE FROM window_sums WHERE win = ?1 AND cid = ?2",
             params![len, cid],
         )
         .map_err(internal)?;
@@ -482,11 +546,13 @@ mod tests {
         .unwrap();
     }
 
-    fn totals(c: &Connection, len: i64) -> Vec<(i64, i64)> {
+    fn totals(c: &Connection, len: i64) -> Vec<(i64, i128)> {
         let mut s = c
-            .prepare("SELECT cid, total FROM window_totals WHERE win = ?1 ORDER BY cid")
+            .prepare("SELECT cid, hi, lo FROM window_sums WHERE win = ?1 ORDER BY cid")
             .unwrap();
-        let rows = s.query_map([len], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+        let rows = s
+            .query_map([len], |r| Ok((r.get(0)?, join(r.get(1)?, r.get(2)?))))
+            .unwrap();
         rows.collect::<Result<_, _>>().unwrap()
     }
 
@@ -495,6 +561,59 @@ mod tests {
             r.get(0)
         })
         .unwrap()
+    }
+
+    /// The carry of `add` and `sub` in SQL, and the halves `rebuild` sums,
+    /// agree with i128 arithmetic around every edge of the pair: `lo` near 0
+    /// and 2^62, `hi` changing sign, sums far past i64 both ways.
+    #[test]
+    fn kept_pairs_add_exactly_around_their_edges() {
+        let mut c = db();
+        counter(&c, 1);
+        let (max, min, edge) = (i64::MAX, i64::MIN, 1i64 << 62);
+        let deltas = [
+            max,
+            max,
+            1,
+            min,
+            min,
+            -1,
+            min,
+            edge,
+            -edge,
+            edge - 1,
+            1,
+            max,
+            max,
+            max,
+            5,
+            min,
+            -7,
+        ];
+        let mut want = 0i128;
+        for (i, &d) in deltas.iter().enumerate() {
+            let tx = c.transaction().unwrap();
+            match d.checked_neg() {
+                Some(minus) if i % 2 == 1 => sub(&tx, 7, 1, minus).unwrap(),
+                _ => add(&tx, 7, 1, i128::from(d)).unwrap(),
+            }
+            tx.commit().unwrap();
+            want += i128::from(d);
+            assert_eq!(totals(&c, 7), [(1, want)], "after {i} deltas");
+            let lo: i64 = c
+                .query_row("SELECT lo FROM window_sums", [], |r| r.get(0))
+                .unwrap();
+            assert!((0..edge).contains(&lo), "{lo}");
+            // The same values as one bucket each, summed by `rebuild`.
+            c.execute(
+                "INSERT INTO buckets (day, cid, value) VALUES (?1, 1, ?2)",
+                params![DAY - i as i64, d],
+            )
+            .unwrap();
+            let tx = c.transaction().unwrap();
+            rebuild(&tx, 30, DAY).unwrap();
+            assert_eq!(totals(&tx, 30), [(1, want)], "rebuilt after {i}");
+        }
     }
 
     /// Writes that arrive between two chunks of a roll count in the window
