@@ -13,12 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::domain::{Clock, TimePolicy};
 use crate::metrics::Metrics;
-use crate::pipeline::{Pipeline, PipelineConfig};
+use crate::pipeline::{Pipeline, PipelineConfig, SharedQueue};
 use crate::store::sqlite::{Durability, SqliteStore};
 use crate::store::Store;
 
@@ -125,7 +124,7 @@ pub struct Tenants {
     max_tenants: usize,
     pipeline: PipelineConfig,
     /// The one queue bound of every tenant's pipeline.
-    permits: Arc<Semaphore>,
+    queue: Arc<SharedQueue>,
     /// Serializes creations, so two first requests of one tenant open one store.
     creating: Mutex<()>,
     flushers: Mutex<Vec<JoinHandle<()>>>,
@@ -158,12 +157,12 @@ impl Tenants {
             limits,
             metrics,
         } = shared;
-        let permits = Arc::new(Semaphore::new(pipeline.queue_capacity));
+        let queue = Arc::new(SharedQueue::new(&pipeline));
         let (p, flusher) = Pipeline::start_sharing(
             store.clone(),
             pipeline.clone(),
             metrics.clone(),
-            permits.clone(),
+            queue.clone(),
         );
         Tenants {
             default: AppState {
@@ -178,7 +177,7 @@ impl Tenants {
             open,
             max_tenants: max_tenants.max(1),
             pipeline,
-            permits,
+            queue,
             creating: Mutex::new(()),
             flushers: Mutex::new(vec![flusher]),
             closed: AtomicBool::new(false),
@@ -189,7 +188,7 @@ impl Tenants {
     /// stops (what [`crate::api::router`] serves).
     pub fn single(app: AppState) -> Tenants {
         Tenants {
-            permits: Arc::new(Semaphore::new(0)),
+            queue: Arc::new(SharedQueue::new(&PipelineConfig::default())),
             pipeline: PipelineConfig::default(),
             default: app,
             others: RwLock::new(HashMap::new()),
@@ -242,7 +241,7 @@ impl Tenants {
             store.clone(),
             self.pipeline.clone(),
             self.default.metrics.clone(),
-            self.permits.clone(),
+            self.queue.clone(),
         );
         self.flushers.lock().expect("flushers").push(flusher);
         let app = AppState {
@@ -267,6 +266,11 @@ impl Tenants {
     /// share one bound, so any of them sees the total.
     pub fn queue_depth(&self) -> usize {
         self.default.pipeline.depth()
+    }
+
+    /// Estimated bytes queued or being flushed, over every tenant.
+    pub fn queue_bytes(&self) -> usize {
+        self.default.pipeline.queued_bytes()
     }
 
     /// Closes every pipeline (each flushes what it holds, then stops) and
