@@ -272,3 +272,64 @@ fn a_queue_too_small_for_the_largest_request_is_refused_at_start() {
     let e = refused_start(&["--queue-capacity", "20000", "--tenant-queue-share", "25"]);
     assert!(e.contains("--queue-capacity"), "{e}");
 }
+
+#[tokio::test]
+async fn stopping_one_pipeline_leaves_the_shared_bound_open_for_the_others() {
+    use counter_gateway::domain::{CounterKey, Increment, IncrementSpec, TimePolicy};
+    use counter_gateway::metrics::Metrics;
+    use counter_gateway::pipeline::{Pipeline, SharedQueue, SubmitError};
+    use counter_gateway::store::sqlite::{Durability, SqliteStore};
+
+    let clock = counter_gateway::domain::ManualClock::new(common::test_now());
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let config = PipelineConfig::default();
+    let shared = Arc::new(SharedQueue::new(&config));
+    let metrics = Arc::new(Metrics::default());
+    let [(a, a_flusher), (b, b_flusher)] = dirs.each_ref().map(|dir| {
+        let store = SqliteStore::open(
+            dir.path(),
+            Durability::Relaxed,
+            Duration::from_secs(86_400),
+            TimePolicy::default().retention_days,
+            clock.clock(),
+        )
+        .expect("open store");
+        Pipeline::start_sharing(
+            Arc::new(store),
+            config.clone(),
+            metrics.clone(),
+            shared.clone(),
+        )
+    });
+    let one = || {
+        let spec = IncrementSpec {
+            entity: "BQ",
+            action: "VIEW",
+            uuid: "u",
+            ..IncrementSpec::default()
+        };
+        vec![Increment::from_spec(&spec, &TimePolicy::default(), common::test_now()).unwrap()]
+    };
+    let key = CounterKey::new("BQ", "VIEW", "u").unwrap();
+    let value = |p: &Pipeline| {
+        let (p, key) = (p.clone(), key.clone());
+        async move {
+            p.submit(one(), Some(key))
+                .await
+                .map(|a| a.counter.unwrap().value)
+        }
+    };
+
+    assert_eq!(value(&a).await, Ok(1));
+    a.stop();
+    a_flusher.await.expect("a's flusher ends");
+    assert_eq!(value(&a).await, Err(SubmitError::ShuttingDown));
+    // The other tenant's pipeline goes on under the same bound.
+    assert_eq!(value(&b).await, Ok(1));
+    assert_eq!(value(&b).await, Ok(2));
+    assert_eq!(shared.depth(), 0);
+    // Shutdown closes the bound for every pipeline.
+    b.close();
+    b_flusher.await.expect("b's flusher ends");
+    assert_eq!(value(&b).await, Err(SubmitError::ShuttingDown));
+}
