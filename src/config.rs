@@ -88,6 +88,27 @@ pub struct ServeArgs {
     )]
     pub queue_capacity: usize,
 
+    /// Most bytes of memory (a conservative estimate from the events: their
+    /// structs and strings) held by writes queued or being written; past
+    /// it, writes get 503 with Retry-After. The default is 256 MiB.
+    #[arg(
+        long,
+        env = "COUNTER_GATEWAY_QUEUE_BYTES",
+        default_value_t = crate::pipeline::DEFAULT_QUEUE_BYTES
+    )]
+    pub queue_bytes: usize,
+
+    /// Percent of --queue-capacity and of --queue-bytes one tenant may hold
+    /// (1-100), so a tenant whose store is stuck gets 503 while the others
+    /// keep writing: it takes 100/share stuck tenants to fill the queue.
+    #[arg(
+        long,
+        env = "COUNTER_GATEWAY_TENANT_QUEUE_SHARE",
+        default_value_t = crate::pipeline::DEFAULT_TENANT_QUEUE_SHARE,
+        value_parser = clap::value_parser!(u8).range(1..=100)
+    )]
+    pub tenant_queue_share: u8,
+
     /// How long a write waits for the store to confirm it before it gets 503.
     #[arg(long, env = "COUNTER_GATEWAY_ACK_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub ack_timeout: Duration,
@@ -175,23 +196,33 @@ impl ServeArgs {
         if self.max_events_per_request == 0 {
             return Err("--max-events-per-request must be at least 1".into());
         }
-        if self.queue_capacity < self.max_events_per_request {
+        if self.max_body_bytes < 1024 {
+            return Err("--max-body-bytes must be at least 1024".into());
+        }
+        let share = self.tenant_queue_share;
+        let events = crate::pipeline::share_of(self.queue_capacity, share);
+        if events < self.max_events_per_request {
             return Err(format!(
-                "--queue-capacity ({}) must be at least --max-events-per-request ({}), or a full batch could never be queued",
+                "--queue-capacity ({}) at --tenant-queue-share {share}% leaves a tenant {events} events, fewer than --max-events-per-request ({}): a full batch could never be queued",
                 self.queue_capacity, self.max_events_per_request
             ));
         }
-        if self.queue_capacity > u32::MAX as usize {
-            return Err("--queue-capacity must be at most 4294967295".into());
+        let bytes = crate::pipeline::share_of(self.queue_bytes, share);
+        let largest = crate::pipeline::largest_request_bytes(
+            self.max_body_bytes,
+            self.max_events_per_request,
+        );
+        if bytes < largest {
+            return Err(format!(
+                "--queue-bytes ({}) at --tenant-queue-share {share}% leaves a tenant {bytes} bytes, less than the {largest} bytes the largest request --max-body-bytes ({}) and --max-events-per-request ({}) admit may take in memory: such a request could never be queued. Raise --queue-bytes or --tenant-queue-share, or lower --max-body-bytes or --max-events-per-request",
+                self.queue_bytes, self.max_body_bytes, self.max_events_per_request
+            ));
         }
         if self.retention_days == 0 {
             return Err("--retention-days must be at least 1".into());
         }
         if self.ack_timeout.is_zero() {
             return Err("--ack-timeout must be more than zero".into());
-        }
-        if self.max_body_bytes < 1024 {
-            return Err("--max-body-bytes must be at least 1024".into());
         }
         chrono::Duration::from_std(self.max_clock_skew)
             .map_err(|_| "--max-clock-skew is too large".to_string())?;
@@ -235,6 +266,8 @@ impl ServeArgs {
             flush_interval: self.flush_interval,
             max_batch_events: self.max_flush_events,
             queue_capacity: self.queue_capacity,
+            queue_bytes: self.queue_bytes,
+            tenant_queue_share: self.tenant_queue_share,
             ack_timeout: self.ack_timeout,
         }
     }
@@ -301,6 +334,21 @@ mod tests {
     fn inconsistent_limits_are_refused_before_any_io() {
         let a = parse(&["--queue-capacity", "10", "--max-events-per-request", "100"]);
         assert!(a.validate().unwrap_err().contains("--queue-capacity"));
+        // A tenant's share must hold the largest batch too.
+        let a = parse(&["--queue-capacity", "100", "--max-events-per-request", "100"]);
+        assert!(a.validate().unwrap_err().contains("--tenant-queue-share"));
+        let a = parse(&[
+            "--queue-capacity",
+            "100",
+            "--max-events-per-request",
+            "100",
+            "--tenant-queue-share",
+            "100",
+        ]);
+        assert!(a.validate().is_ok());
+        assert!(
+            Cli::try_parse_from(["counter-gateway", "serve", "--tenant-queue-share", "0"]).is_err()
+        );
         assert!(
             Cli::try_parse_from(["counter-gateway", "serve", "--flush-interval", "soon"]).is_err()
         );

@@ -204,7 +204,13 @@ impl Metrics {
     }
 
     /// Prometheus text exposition format, with the gauges read at scrape time.
-    pub fn render(&self, queue_depth: usize, tenants: usize, idempotency_ids: i64) -> String {
+    pub fn render(
+        &self,
+        queue_depth: usize,
+        queue_bytes: usize,
+        tenants: usize,
+        idempotency_ids: i64,
+    ) -> String {
         let mut out = String::new();
         let mut put = |name: &str, kind: &str, help: &str, value: f64| {
             let _ = writeln!(
@@ -245,7 +251,7 @@ impl Metrics {
         put(
             "counter_gateway_overloaded_total",
             "counter",
-            "Requests refused with 503 because the queue was full.",
+            "Requests refused with 503 because the queue (events or bytes, the whole or the tenant's share) was full.",
             self.rejected_overloaded.load(Relaxed) as f64,
         );
         put(
@@ -253,6 +259,12 @@ impl Metrics {
             "gauge",
             "Events queued or being flushed.",
             queue_depth as f64,
+        );
+        put(
+            "counter_gateway_queue_bytes",
+            "gauge",
+            "Estimated bytes of the writes queued or being flushed (bounded by --queue-bytes).",
+            queue_bytes as f64,
         );
         put(
             "counter_gateway_tenants",

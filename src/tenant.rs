@@ -19,12 +19,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::domain::{Clock, TimePolicy};
 use crate::metrics::Metrics;
-use crate::pipeline::{Pipeline, PipelineConfig};
+use crate::pipeline::{Pipeline, PipelineConfig, SharedQueue};
 use crate::store::elasticsearch::ElasticsearchStore;
 use crate::store::empty::EmptyStore;
 use crate::store::sqlite::{Durability, SqliteStore};
@@ -219,7 +218,7 @@ pub struct Tenants {
     max_tenants: usize,
     pipeline: PipelineConfig,
     /// The one queue bound of every tenant's pipeline.
-    permits: Arc<Semaphore>,
+    queue: Arc<SharedQueue>,
     /// Serializes openings, so two first requests of one tenant open one store.
     creating: tokio::sync::Mutex<()>,
     closed: AtomicBool,
@@ -252,12 +251,12 @@ impl Tenants {
             limits,
             metrics,
         } = shared;
-        let permits = Arc::new(Semaphore::new(pipeline.queue_capacity));
+        let queue = Arc::new(SharedQueue::new(&pipeline));
         let (p, flusher) = Pipeline::start_sharing(
             store.clone(),
             pipeline.clone(),
             metrics.clone(),
-            permits.clone(),
+            queue.clone(),
         );
         let default = AppState {
             store,
@@ -273,7 +272,7 @@ impl Tenants {
                 empty.clone(),
                 pipeline.clone(),
                 default.metrics.clone(),
-                permits.clone(),
+                queue.clone(),
             );
             p.stop();
             AppState {
@@ -290,7 +289,7 @@ impl Tenants {
             read_only,
             max_tenants: max_tenants.max(1),
             pipeline,
-            permits,
+            queue,
             creating: tokio::sync::Mutex::new(()),
             closed: AtomicBool::new(false),
             epoch: Instant::now(),
@@ -301,7 +300,7 @@ impl Tenants {
     /// stops (what [`crate::api::router`] serves).
     pub fn single(app: AppState) -> Tenants {
         Tenants {
-            permits: Arc::new(Semaphore::new(0)),
+            queue: Arc::new(SharedQueue::new(&PipelineConfig::default())),
             pipeline: PipelineConfig::default(),
             default: app,
             default_flusher: Mutex::new(None),
@@ -391,7 +390,7 @@ impl Tenants {
             store.clone(),
             self.pipeline.clone(),
             self.default.metrics.clone(),
-            self.permits.clone(),
+            self.queue.clone(),
         );
         let app = AppState {
             store,
@@ -477,6 +476,11 @@ impl Tenants {
     /// share one bound, so any of them sees the total.
     pub fn queue_depth(&self) -> usize {
         self.default.pipeline.depth()
+    }
+
+    /// Estimated bytes queued or being flushed, over every tenant.
+    pub fn queue_bytes(&self) -> usize {
+        self.default.pipeline.queued_bytes()
     }
 
     /// Closes every pipeline (each flushes what it holds, then stops) and

@@ -216,6 +216,8 @@ async fn a_full_queue_answers_503_with_retry_after_and_applies_nothing() {
         },
         pipeline: PipelineConfig {
             queue_capacity: 10,
+            // One tenant, all of the queue its own.
+            tenant_queue_share: 100,
             ..PipelineConfig::default()
         },
         ..Options::default()

@@ -94,6 +94,9 @@ pub async fn post(
     };
     let inc = Increment::sample(&spec, &app.time_policy, app.clock.now())
         .map_err(ApiError::BadRequest)?;
+    // Not held while the write waits: the queue's bound counts the increment.
+    drop(b);
+    drop(body);
     let applied = app.pipeline.submit(vec![inc], None).await?;
     let all = window(&app, None, None, None)?;
     let avg = app.store.average(&key, None).await?.ok_or_else(|| {

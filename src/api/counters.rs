@@ -28,7 +28,7 @@ pub async fn increment(
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<Counter>, ApiError> {
-    add(app, path, &body, false).await
+    add(app, path, body, false).await
 }
 
 pub async fn decrement(
@@ -36,24 +36,28 @@ pub async fn decrement(
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<Counter>, ApiError> {
-    add(app, path, &body, true).await
+    add(app, path, body, true).await
 }
 
 async fn add(
     app: AppState,
     path: KeyPath,
-    body: &[u8],
+    body: axum::body::Bytes,
     negate: bool,
 ) -> Result<Json<Counter>, ApiError> {
     let parsed: IncrementBody = if body.iter().all(u8::is_ascii_whitespace) {
         IncrementBody::default()
     } else {
-        parse_json(body)?
+        parse_json(&body)?
     };
     let spec = parsed.spec(&path.entity, &path.action, &path.uuid, negate);
     let inc = Increment::from_spec(&spec, &app.time_policy, app.clock.now())
         .map_err(ApiError::BadRequest)?;
     let key = inc.key.clone();
+    // The queue's bound in bytes counts the increment, not the body (up to
+    // --max-body-bytes of white space): it is not held while the write waits.
+    drop(parsed);
+    drop(body);
     let applied = app.pipeline.submit(vec![inc], Some(key.clone())).await?;
     match applied.counter {
         Some(c) => Ok(Json(c)),

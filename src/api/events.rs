@@ -49,6 +49,10 @@ pub async fn post(
         return Err(ApiError::InvalidEvents(errors));
     }
     let accepted = incs.len();
+    // The increments own their strings: the body and its parse need not be
+    // held while the write waits in the queue (its bound counts increments).
+    drop(parsed);
+    drop(body);
     let applied = app.pipeline.submit(incs, None).await?;
     Ok(Json(EventsAccepted {
         accepted: accepted - applied.duplicates as usize,

@@ -41,6 +41,7 @@ pub async fn metrics(_: Operator, State(gw): State<Gateway>) -> impl IntoRespons
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         gw.metrics.render(
             gw.tenants.queue_depth(),
+            gw.tenants.queue_bytes(),
             gw.tenants.count(),
             crate::store::sqlite::idempotency_ids(),
         ),

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, oneshot};
 
-use super::{Applied, Message, PipelineConfig, Submission, SubmitError};
+use super::{Applied, Held, Message, PipelineConfig, Submission, SubmitError};
 use crate::metrics::Metrics;
 use crate::store::{RequestOutcome, Store, StoreError, WriteBatch};
 
@@ -89,11 +89,12 @@ async fn gather(
 }
 
 /// Answers decided by a flush, held until the flush is durable. Each holds
-/// its queue permit, so the bound on queued events covers these too.
+/// its room in the queue, so the bounds on queued events and bytes cover
+/// these too.
 type Answers = Vec<(
     oneshot::Sender<Result<Applied, SubmitError>>,
     Result<Applied, SubmitError>,
-    OwnedSemaphorePermit,
+    Held,
 )>;
 
 async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) -> Answers {
@@ -104,7 +105,7 @@ async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) -> A
     };
     for s in subs {
         batch.requests.push(s.events);
-        replies.push((s.reply, s.want, s.permit));
+        replies.push((s.reply, s.want, s.held));
     }
     let increments: usize = batch.requests.iter().map(Vec::len).sum();
     match store.apply(batch).await {
@@ -113,7 +114,7 @@ async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) -> A
             replies
                 .into_iter()
                 .zip(out.requests.drain(..))
-                .map(|((reply, want, permit), outcome)| {
+                .map(|((reply, want, held), outcome)| {
                     let answer = match outcome {
                         RequestOutcome::Applied { duplicates } => Ok(Applied {
                             duplicates,
@@ -122,7 +123,7 @@ async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) -> A
                         RequestOutcome::Overflow { key } => Err(SubmitError::Overflow(key)),
                         RequestOutcome::Failed { reason } => Err(SubmitError::Incomplete(reason)),
                     };
-                    (reply, answer, permit)
+                    (reply, answer, held)
                 })
                 .collect()
         }
@@ -137,7 +138,7 @@ async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) -> A
             };
             replies
                 .into_iter()
-                .map(|(reply, _, permit)| (reply, Err(answer.clone()), permit))
+                .map(|(reply, _, held)| (reply, Err(answer.clone()), held))
                 .collect()
         }
     }
@@ -155,7 +156,7 @@ async fn sync_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Answer
         if let Err(e) = &synced {
             tracing::error!(error = %e, requests = answers.len(), "sync failed");
         }
-        for (reply, answer, permit) in answers {
+        for (reply, answer, held) in answers {
             let answer = match (&synced, answer) {
                 (Err(StoreError::Halted(why)), Ok(_)) => Err(SubmitError::Halted(format!(
                     "{why}; the write reached the store but may or may not survive a crash"
@@ -163,8 +164,9 @@ async fn sync_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Answer
                 (Err(e), Ok(_)) => Err(SubmitError::NotDurable(e.to_string())),
                 (_, answer) => answer,
             };
+            // Room given back first: once answered, a client sees it free.
+            drop(held);
             let _ = reply.send(answer);
-            drop(permit);
         }
     }
 }

@@ -4,22 +4,26 @@
 //! only once its flush is durable.
 //!
 //! ```text
-//! handler ──submit──▶ queue (bounded, in events) ──▶ flusher ──apply──▶ Store
+//! handler ──submit──▶ queue (bounded, in events and bytes) ──▶ flusher ──apply──▶ Store
 //!    ▲                                                   │
 //!    └────────────── reply after commit ◀────────────────┘
 //! ```
 
 mod flusher;
+mod queue;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::domain::{Counter, CounterKey, Increment};
 use crate::metrics::Metrics;
 use crate::store::Store;
+pub use queue::{estimate_bytes, largest_request_bytes, share_of, SharedQueue};
+use queue::{Held, Share};
 
 /// Tuning of the pipeline; see `--help` of `serve` for each field.
 #[derive(Clone, Debug)]
@@ -31,9 +35,20 @@ pub struct PipelineConfig {
     pub max_batch_events: usize,
     /// Most events queued or being flushed; beyond it requests get 503.
     pub queue_capacity: usize,
+    /// Most bytes (estimated, see [`estimate_bytes`]) queued or being
+    /// flushed; beyond it requests get 503.
+    pub queue_bytes: usize,
+    /// Percent of `queue_capacity` and of `queue_bytes` one pipeline (one
+    /// tenant) may hold, so a stuck tenant leaves room for the others.
+    pub tenant_queue_share: u8,
     /// How long a request waits for its flush before it gets 503.
     pub ack_timeout: Duration,
 }
+
+/// Default of `--queue-bytes`: 256 MiB.
+pub const DEFAULT_QUEUE_BYTES: usize = 256 * 1024 * 1024;
+/// Default of `--tenant-queue-share`, in percent.
+pub const DEFAULT_TENANT_QUEUE_SHARE: u8 = 25;
 
 impl Default for PipelineConfig {
     fn default() -> Self {
@@ -41,6 +56,8 @@ impl Default for PipelineConfig {
             flush_interval: Duration::ZERO,
             max_batch_events: 100_000,
             queue_capacity: 1_000_000,
+            queue_bytes: DEFAULT_QUEUE_BYTES,
+            tenant_queue_share: DEFAULT_TENANT_QUEUE_SHARE,
             ack_timeout: Duration::from_secs(30),
         }
     }
@@ -87,7 +104,7 @@ pub(crate) struct Submission {
     want: Option<CounterKey>,
     reply: oneshot::Sender<Result<Applied, SubmitError>>,
     /// Held until answered: the queue bound covers in-flight flushes too.
-    permit: OwnedSemaphorePermit,
+    held: Held,
 }
 
 pub(crate) enum Message {
@@ -100,32 +117,42 @@ pub(crate) enum Message {
 #[derive(Clone)]
 pub struct Pipeline {
     tx: mpsc::UnboundedSender<Message>,
-    permits: Arc<Semaphore>,
+    /// The bound of every pipeline together.
+    shared: Arc<SharedQueue>,
+    /// This pipeline's part of `shared`.
+    share: Arc<Share>,
+    /// Set by [`Pipeline::stop`]: this pipeline takes no more submissions.
+    stopped: Arc<AtomicBool>,
     config: Arc<PipelineConfig>,
     /// Counts the submissions refused because the queue was full.
     metrics: Arc<Metrics>,
 }
 
 impl Pipeline {
-    /// Starts the flusher task over `store`.
+    /// Starts the flusher task over `store`, alone under its bound: all of
+    /// `config.queue_capacity` and `config.queue_bytes` are its own.
     pub fn start(
         store: Arc<dyn Store>,
         config: PipelineConfig,
         metrics: Arc<Metrics>,
     ) -> (Pipeline, JoinHandle<()>) {
-        let permits = Arc::new(Semaphore::new(config.queue_capacity));
-        Self::start_sharing(store, config, metrics, permits)
+        let shared = Arc::new(SharedQueue::new(&PipelineConfig {
+            tenant_queue_share: 100,
+            ..config.clone()
+        }));
+        Self::start_sharing(store, config, metrics, shared)
     }
 
-    /// Like [`Pipeline::start`], but bounded by `permits`, shared with other
-    /// pipelines (one per tenant), so all of them together hold at most
-    /// `config.queue_capacity` events. Closing one closes the bound for all:
-    /// only done at shutdown.
+    /// Like [`Pipeline::start`], but bounded by `shared`, the one bound of
+    /// every pipeline (one per tenant), so all of them together hold at most
+    /// `config.queue_capacity` events and `config.queue_bytes` bytes, and
+    /// this one at most its share of both. [`SharedQueue::close`] closes the
+    /// bound for all: only done at shutdown.
     pub fn start_sharing(
         store: Arc<dyn Store>,
         config: PipelineConfig,
         metrics: Arc<Metrics>,
-        permits: Arc<Semaphore>,
+        shared: Arc<SharedQueue>,
     ) -> (Pipeline, JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let config = Arc::new(config);
@@ -133,7 +160,9 @@ impl Pipeline {
         (
             Pipeline {
                 tx,
-                permits,
+                share: shared.new_share(),
+                shared,
+                stopped: Arc::default(),
                 config,
                 metrics,
             },
@@ -147,24 +176,21 @@ impl Pipeline {
         events: Vec<Increment>,
         want: Option<CounterKey>,
     ) -> Result<Applied, SubmitError> {
-        let n = u32::try_from(events.len().max(1)).map_err(|_| SubmitError::Overloaded)?;
-        let permit = self
-            .permits
-            .clone()
-            .try_acquire_many_owned(n)
-            .map_err(|e| match e {
-                tokio::sync::TryAcquireError::Closed => SubmitError::ShuttingDown,
-                tokio::sync::TryAcquireError::NoPermits => {
-                    self.metrics.record_overloaded();
-                    SubmitError::Overloaded
-                }
-            })?;
+        if self.shared.is_closed() || self.stopped.load(Ordering::Acquire) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let bytes = estimate_bytes(&events);
+        let Some(held) = Held::try_take(&self.shared, &self.share, events.len().max(1), bytes)
+        else {
+            self.metrics.record_overloaded();
+            return Err(SubmitError::Overloaded);
+        };
         let (reply, answer) = oneshot::channel();
         let sub = Submission {
             events,
             want,
             reply,
-            permit,
+            held,
         };
         self.tx
             .send(Message::Submit(sub))
@@ -177,28 +203,43 @@ impl Pipeline {
         }
     }
 
-    /// Events queued or in flight right now.
+    /// Events queued or in flight right now, over every pipeline sharing
+    /// this one's bound.
     pub fn depth(&self) -> usize {
-        self.config.queue_capacity - self.permits.available_permits()
+        self.shared.depth()
     }
 
-    /// Asks this pipeline's flusher to flush what is queued and stop,
-    /// leaving the queue bound it shares with other tenants open (closing
-    /// an idle tenant; [`Pipeline::close`] is for shutdown).
-    pub fn stop(&self) {
-        let _ = self.tx.send(Message::Close);
+    /// Estimated bytes queued or in flight right now, over every pipeline
+    /// sharing this one's bound.
+    pub fn queued_bytes(&self) -> usize {
+        self.shared.bytes()
+    }
+
+    /// Events queued or in flight in this pipeline alone.
+    pub fn own_depth(&self) -> usize {
+        self.share.depth()
     }
 
     /// How many handles to this pipeline exist, this one included: one
-    /// means nobody else can submit to it.
+    /// means nobody else can submit to it (an idle tenant can be closed).
     pub fn handles(&self) -> usize {
         self.tx.strong_count()
     }
 
-    /// Asks the flusher to flush what is queued and stop; later submissions
-    /// are refused. Await the task returned by [`Pipeline::start`] to know it is done.
-    pub fn close(&self) {
-        self.permits.close();
+    /// Asks this pipeline's flusher to flush what it holds and stop; its
+    /// later submissions are refused, the other pipelines sharing its bound
+    /// go on. Await the task returned by [`Pipeline::start_sharing`] to
+    /// know it is done.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
         let _ = self.tx.send(Message::Close);
+    }
+
+    /// Shutdown: closes the bound shared with every other pipeline (their
+    /// later submissions are refused too), then stops this one as
+    /// [`Pipeline::stop`] does.
+    pub fn close(&self) {
+        self.shared.close();
+        self.stop();
     }
 }
