@@ -333,3 +333,73 @@ async fn stopping_one_pipeline_leaves_the_shared_bound_open_for_the_others() {
     b_flusher.await.expect("b's flusher ends");
     assert_eq!(value(&b).await, Err(SubmitError::ShuttingDown));
 }
+
+/// Once a tenant's writes found its queue full, its later writes are
+/// refused before their bodies are parsed (a malformed one gets 503, not
+/// 400) until the queue drains to three quarters; other tenants' writes
+/// are parsed as ever, and the tenant takes writes again once drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_out_of_room_refuses_before_parsing_until_it_drains() {
+    let gate = Arc::new(Semaphore::new(0));
+    let g = gate.clone();
+    let options = Options {
+        limits: Limits {
+            max_events_per_request: 10,
+            ..Options::default().limits
+        },
+        pipeline: PipelineConfig {
+            queue_capacity: 100,
+            tenant_queue_share: 50,
+            ..PipelineConfig::default()
+        },
+        ..Options::default()
+    };
+    let app =
+        TestApp::start_wrapped(options, move |inner| Arc::new(Stuck { inner, gate: g })).await;
+    let malformed = json!({"events": [{"entity": 1}]});
+
+    // Before any refusal a malformed batch is parsed and named.
+    let r = post(&app, "default", malformed.clone()).await.unwrap();
+    assert_error(&r, 400, "invalid_events", &["invalid event"]);
+    let mut stuck = Vec::new();
+    for i in 1..=5 {
+        let mut task = post(&app, "default", batch("stuck", 10));
+        assert!(queued_or_answered(&app, &mut task, 10.0 * i as f64)
+            .await
+            .is_none());
+        stuck.push(task);
+    }
+    assert_overloaded(&post(&app, "default", batch("refused", 1)).await.unwrap());
+    // Now refused unparsed, however small or malformed.
+    assert_overloaded(&post(&app, "default", malformed.clone()).await.unwrap());
+    let single = app
+        .post("/v1/counters/BQ/VIEW/single/increment", json!({}))
+        .await;
+    assert_overloaded(&single);
+    // Another tenant is parsed and served as ever.
+    let r = post(&app, "acme", malformed.clone()).await.unwrap();
+    assert_error(&r, 400, "invalid_events", &["invalid event"]);
+    assert_eq!(
+        post(&app, "acme", batch("ok", 3)).await.unwrap().status,
+        200
+    );
+
+    gate.add_permits(1_000);
+    for t in stuck {
+        assert_eq!(t.await.unwrap().status, 200);
+    }
+    let r = post(&app, "default", malformed).await.unwrap();
+    assert_error(&r, 400, "invalid_events", &["invalid event"]);
+    assert_eq!(
+        post(&app, "default", batch("later", 2))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(value_in(&app, "default", "stuck").await, Some(50));
+    assert_eq!(value_in(&app, "default", "later").await, Some(2));
+    assert_eq!(value_in(&app, "default", "refused").await, None);
+    assert_eq!(value_in(&app, "default", "single").await, None);
+    app.stop().await;
+}

@@ -75,6 +75,7 @@ pub async fn post(
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<AverageJson>, ApiError> {
+    app.pipeline.admit()?;
     let key = path.key()?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::BadRequest(

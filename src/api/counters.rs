@@ -45,6 +45,7 @@ async fn add(
     body: axum::body::Bytes,
     negate: bool,
 ) -> Result<Json<Counter>, ApiError> {
+    app.pipeline.admit()?;
     let parsed: IncrementBody = if body.iter().all(u8::is_ascii_whitespace) {
         IncrementBody::default()
     } else {

@@ -15,6 +15,7 @@ pub async fn post(
     Writer(app): Writer,
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<EventsAccepted>, ApiError> {
+    app.pipeline.admit()?;
     if body.is_empty() {
         return Err(ApiError::BadRequest(
             "the body is empty; send {\"events\": [...]}".into(),

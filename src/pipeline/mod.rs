@@ -170,6 +170,19 @@ impl Pipeline {
         )
     }
 
+    /// Whether this pipeline takes writes now: `Err(Overloaded)` from the
+    /// moment one found its queue full until the queue has drained to
+    /// three quarters. Handlers ask before parsing a body, so a flood of
+    /// writes that would be refused costs little more than reading them.
+    pub fn admit(&self) -> Result<(), SubmitError> {
+        if self.share.admitting(&self.shared) {
+            Ok(())
+        } else {
+            self.metrics.record_overloaded();
+            Err(SubmitError::Overloaded)
+        }
+    }
+
     /// Queues `events` and waits until they are durable.
     pub async fn submit(
         &self,
@@ -182,6 +195,7 @@ impl Pipeline {
         let bytes = estimate_bytes(&events);
         let Some(held) = Held::try_take(&self.shared, &self.share, events.len().max(1), bytes)
         else {
+            self.share.shed();
             self.metrics.record_overloaded();
             return Err(SubmitError::Overloaded);
         };

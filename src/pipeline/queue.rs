@@ -138,6 +138,12 @@ impl Room {
         self.events.give(events);
         self.bytes.give(bytes);
     }
+
+    /// Whether at most `percent` of both budgets is taken.
+    fn below(&self, percent: usize) -> bool {
+        let under = |b: &Budget| b.used() as u128 * 100 <= b.capacity as u128 * percent as u128;
+        under(&self.events) && under(&self.bytes)
+    }
 }
 
 /// The queue bound of a whole gateway, created once and handed to every
@@ -186,6 +192,7 @@ impl SharedQueue {
     pub(super) fn new_share(&self) -> Arc<Share> {
         Arc::new(Share {
             room: Room::new(self.share.0, self.share.1),
+            shedding: AtomicBool::new(false),
         })
     }
 }
@@ -193,11 +200,39 @@ impl SharedQueue {
 /// One pipeline's part of a [`SharedQueue`].
 pub(super) struct Share {
     room: Room,
+    /// Set when a submission of this pipeline found no room; cleared once
+    /// its share and the whole bound are back under [`RESUME_PERCENT`].
+    /// While set, writes are refused before their bodies are parsed: under
+    /// a flood, parsing batches only to refuse them took the CPU the
+    /// flusher needed (applied rates fell to a third in the overload
+    /// soak), and clients told to back off come back in a second anyway.
+    shedding: AtomicBool,
 }
+
+/// How full (in percent of each bound, events and bytes) a pipeline that
+/// ran out of room may still be when it takes writes again.
+pub const RESUME_PERCENT: usize = 75;
 
 impl Share {
     pub(super) fn depth(&self) -> usize {
         self.room.events.used()
+    }
+
+    /// Whether writes are parsed and offered now; see [`Share::shedding`].
+    pub(super) fn admitting(&self, shared: &SharedQueue) -> bool {
+        if !self.shedding.load(Ordering::Acquire) {
+            return true;
+        }
+        let calm = self.room.below(RESUME_PERCENT) && shared.total.below(RESUME_PERCENT);
+        if calm {
+            self.shedding.store(false, Ordering::Release);
+        }
+        calm
+    }
+
+    /// A submission found no room.
+    pub(super) fn shed(&self) {
+        self.shedding.store(true, Ordering::Release);
     }
 }
 
@@ -296,5 +331,28 @@ mod tests {
         drop(held);
         drop(other);
         assert_eq!((shared.depth(), shared.bytes(), a.depth()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_share_that_ran_out_admits_again_once_under_three_quarters() {
+        let shared = Arc::new(SharedQueue::new(&PipelineConfig {
+            queue_capacity: 100,
+            queue_bytes: 1000,
+            tenant_queue_share: 100,
+            ..PipelineConfig::default()
+        }));
+        let a = shared.new_share();
+        assert!(a.admitting(&shared), "admits until it runs out");
+        let full = Held::try_take(&shared, &a, 90, 10).expect("fits");
+        assert!(Held::try_take(&shared, &a, 20, 10).is_none());
+        a.shed();
+        assert!(!a.admitting(&shared), "shedding at 90%");
+        drop(full);
+        let most = Held::try_take(&shared, &a, 76, 10).expect("fits");
+        assert!(!a.admitting(&shared), "still shedding at 76%");
+        drop(most);
+        let _some = Held::try_take(&shared, &a, 75, 10).expect("fits");
+        assert!(a.admitting(&shared), "admits again at 75%");
+        assert!(a.admitting(&shared), "and stays so");
     }
 }
