@@ -183,6 +183,14 @@ pub struct ServeArgs {
     #[arg(long, env = "COUNTER_GATEWAY_TENANT_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub tenant_idle_timeout: Duration,
 
+    /// Memory of every embedded store together (SQLite's page caches and
+    /// connections, all tenants), e.g. `256MiB`, `1GiB`; past it SQLite
+    /// evicts the least recently used cached pages of any tenant. The
+    /// default leaves a 1 GiB machine room for the queue and the OS's own
+    /// file cache, and gives a single tenant the 64 MiB cache it always had.
+    #[arg(long, env = "COUNTER_GATEWAY_SQLITE_MEMORY_BUDGET", default_value = "256MiB", value_parser = parse_bytes)]
+    pub sqlite_memory_budget: u64,
+
     #[command(flatten)]
     pub elasticsearch: crate::store::elasticsearch::ElasticsearchArgs,
 }
@@ -226,6 +234,9 @@ impl ServeArgs {
         }
         chrono::Duration::from_std(self.max_clock_skew)
             .map_err(|_| "--max-clock-skew is too large".to_string())?;
+        if self.sqlite_memory_budget < 1 << 20 {
+            return Err("--sqlite-memory-budget must be at least 1MiB".into());
+        }
         if self.max_tenants == 0 {
             return Err("--max-tenants must be at least 1".into());
         }
@@ -286,6 +297,36 @@ impl ServeArgs {
             max_events_per_request: self.max_events_per_request,
         }
     }
+}
+
+/// A size in bytes: a whole number with an optional unit, `B`, `KiB`,
+/// `MiB`, `GiB` (powers of 1024) or `KB`, `MB`, `GB` (powers of 1000).
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size: expected e.g. 256MiB"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?}: use B, KiB, MiB, GiB, KB, MB or GB"
+            ))
+        }
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 #[cfg(test)]
@@ -352,5 +393,22 @@ mod tests {
         assert!(
             Cli::try_parse_from(["counter-gateway", "serve", "--flush-interval", "soon"]).is_err()
         );
+    }
+
+    #[test]
+    fn the_sqlite_memory_budget_is_a_size_with_a_unit() {
+        assert_eq!(parse(&[]).sqlite_memory_budget, 256 << 20);
+        let a = parse(&["--sqlite-memory-budget", "1GiB"]);
+        assert_eq!(a.sqlite_memory_budget, 1 << 30);
+        assert_eq!(parse_bytes("64 MB"), Ok(64_000_000));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(parse_bytes("12 parsecs").unwrap_err().contains("unit"));
+        assert!(parse_bytes("MiB").is_err());
+        assert!(parse_bytes("99999999999999GiB").is_err());
+        let small = parse(&["--sqlite-memory-budget", "64KiB"]);
+        assert!(small
+            .validate()
+            .unwrap_err()
+            .contains("--sqlite-memory-budget"));
     }
 }

@@ -16,6 +16,7 @@ use crate::tenant::{self, Shared, TenantStores, Tenants, DEFAULT_TENANT};
 
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     args.validate()?;
+    crate::store::sqlite::set_memory_budget(args.sqlite_memory_budget);
     // The one clock of the process: every store and handler reads it.
     let clock = Clock::system();
     let keys = args.keys()?;

@@ -4,10 +4,16 @@
 //! each (group commit); readers use their own connections, which WAL lets run
 //! beside the writer. Histogram buckets live in a table clustered by
 //! `(day, counter)`, so a time-window query reads only the days of its window.
+//!
+//! Every store of the process (one per tenant) shares one memory budget
+//! ([`set_memory_budget`]: SQLite's soft heap limit over one page cache for
+//! all connections), one bound on idle readers, and one background worker
+//! (`background`), so that 1,000 tenants cost neither 1,000 threads nor
+//! 1,000 private caches.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -30,6 +36,7 @@ pub enum Durability {
     Relaxed,
 }
 
+mod background;
 mod queries;
 mod rollup;
 
@@ -101,7 +108,7 @@ pub const DB_FILE: &str = "counters.sqlite3";
 pub struct SqliteStore {
     path: PathBuf,
     writer: Arc<Mutex<Connection>>,
-    readers: Arc<Mutex<Vec<Connection>>>,
+    readers: Arc<Readers>,
     /// How long an idempotency id is remembered.
     id_window_ms: i64,
     /// The write-ahead log, fsync'd by [`Store::sync`]; `None` when relaxed.
@@ -113,7 +120,8 @@ pub struct SqliteStore {
     /// busy write path.
     last_write: Arc<Idle>,
     /// The kept idempotency ids as last counted by the background; held
-    /// here so that it counts in [`idempotency_ids`] while the store is open.
+    /// here (the worker holds it weakly) so that it counts in
+    /// [`idempotency_ids`] while the store is open.
     _ids: Arc<AtomicI64>,
     /// Set for good when an fsync of the WAL fails: every later apply, sync
     /// and readiness check then fails, until restart.
@@ -166,97 +174,22 @@ impl Idle {
     }
 
     fn quiet_for_ms(&self) -> i64 {
-        self.now_ms() - self.last_write_ms.load(Ordering::Relaxed)
+        self.now_ms() - self.last_write_ms()
+    }
+
+    fn last_write_ms(&self) -> i64 {
+        self.last_write_ms.load(Ordering::Relaxed)
     }
 }
 
-/// How often the background roll-up runs, and how long it may hold the
-/// writer each time: flushes wait at most this long, and a windowed query
-/// catches up the rest itself.
-const ROLLUP_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
-const ROLLUP_BUDGET: std::time::Duration = std::time::Duration::from_millis(50);
-/// The background skips its turn while flushes came this recently: folding
-/// competes with them for the writer and the CPU (measured: a quarter to a
-/// half of the load rate), so under sustained writes a windowed query folds
-/// the backlog itself...
-const ROLLUP_QUIET_MS: i64 = 1_000;
-/// ...unless the log holds this many rows, which the background then folds
-/// anyway so that the log stays bounded.
-const ROLLUP_MAX_BACKLOG: i64 = 1_000_000;
-
-/// Idempotency ids deleted per statement of the background expiry, and how
-/// long each turn may keep deleting: bounded, so a flush waits at most this
-/// long for the writer, and expiry is never part of a flush's result.
+/// Idempotency ids deleted per statement of the background expiry, each
+/// its own transaction: bounded work, never part of a flush's result (how
+/// long a turn may keep deleting is `background`'s budget).
 const EXPIRE_BATCH: i64 = 5_000;
-const EXPIRE_BUDGET: std::time::Duration = std::time::Duration::from_millis(20);
-/// How often the kept ids are counted for `/metrics` (a scan of their index,
-/// on a connection of its own, so the writer is not held for it).
-const COUNT_IDS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Day buckets (of counters and of averages) deleted per statement of the
-/// background retention, and how long each turn may keep deleting: as for
-/// ids, a flush waits at most this long for the writer.
+/// background retention, each its own transaction, as for ids.
 const RETAIN_BATCH: i64 = 5_000;
-const RETAIN_BUDGET: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// The background work of a store, until the store is dropped (the writer
-/// then has no other owner): forgets expired idempotency ids, counts the
-/// kept ones, deletes day buckets past the retention, and folds the change log into the window totals.
-struct Background {
-    writer: std::sync::Weak<Mutex<Connection>>,
-    path: PathBuf,
-    clock: Clock,
-    idle: Arc<Idle>,
-    id_window_ms: i64,
-    ids: Arc<AtomicI64>,
-    retention_days: u32,
-}
-
-fn spawn_background(bg: Background) {
-    let spawned = std::thread::Builder::new()
-        .name("store-background".into())
-        .spawn(move || {
-            let mut counted = std::time::Instant::now();
-            loop {
-                std::thread::sleep(ROLLUP_EVERY);
-                let Some(writer) = bg.writer.upgrade() else {
-                    return;
-                };
-                let Ok(mut conn) = writer.lock() else { return };
-                let expired_before = bg.clock.now_ms().saturating_sub(bg.id_window_ms);
-                if let Err(e) = expire_ids(&conn, expired_before, EXPIRE_BUDGET) {
-                    tracing::warn!("idempotency-id expiry failed (retried later): {e}");
-                }
-                let today = bg.clock.today();
-                if let Err(e) = expire_buckets(&conn, today, bg.retention_days, RETAIN_BUDGET) {
-                    tracing::warn!("bucket retention failed (retried later): {e}");
-                }
-                let busy = bg.idle.quiet_for_ms() < ROLLUP_QUIET_MS;
-                if !busy || rollup::backlog(&conn).unwrap_or(0) >= ROLLUP_MAX_BACKLOG {
-                    if let Err(e) = rollup::run_for(&mut conn, bg.clock.today(), ROLLUP_BUDGET) {
-                        tracing::warn!(
-                            "window roll-up step failed (queries catch up themselves): {e}"
-                        );
-                    }
-                }
-                drop(conn);
-                drop(writer);
-                if counted.elapsed() >= COUNT_IDS_EVERY {
-                    counted = std::time::Instant::now();
-                    match Connection::open(&bg.path)
-                        .map_err(internal)
-                        .and_then(|c| count_ids(&c))
-                    {
-                        Ok(n) => bg.ids.store(n, Ordering::Relaxed),
-                        Err(e) => tracing::warn!("cannot count idempotency ids: {e}"),
-                    }
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!("no background expiry and roll-up (queries catch up themselves): {e}");
-    }
-}
 
 /// Deletes idempotency ids seen before `expired_before`, oldest first, in
 /// batches of [`EXPIRE_BATCH`] (each its own transaction, through the
@@ -372,8 +305,179 @@ static ID_GAUGES: Mutex<Vec<std::sync::Weak<AtomicI64>>> = Mutex::new(Vec::new()
 /// Roll-up steps a top query may run to catch up before it sums buckets instead.
 const QUERY_MAX_STEPS: usize = 3;
 
-/// Readers kept open between requests; more may be opened under load.
-const MAX_IDLE_READERS: usize = 8;
+/// Readers kept open between requests by one store, and by all stores of
+/// the process together; more may be opened under load and are closed after
+/// their request. 1,000 tenants thus keep at most 1,000 writers and 256 idle
+/// readers open (about 3 file descriptors each), not 9,000 connections; a
+/// store's idle readers are closed after a minute without reads
+/// (`background`), so quiet tenants leave the shared bound to busy ones.
+const MAX_IDLE_READERS: usize = 4;
+const MAX_IDLE_READERS_TOTAL: usize = 256;
+
+/// Idle readers of every store of the process.
+static IDLE_READERS: AtomicUsize = AtomicUsize::new(0);
+
+/// The reader connections a store keeps between requests.
+struct Readers {
+    idle: Mutex<Vec<Connection>>,
+    opened: std::time::Instant,
+    /// Milliseconds after `opened` of the last read.
+    last_used_ms: AtomicI64,
+}
+
+impl Readers {
+    fn new() -> Readers {
+        Readers {
+            idle: Mutex::new(Vec::new()),
+            opened: std::time::Instant::now(),
+            last_used_ms: AtomicI64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> i64 {
+        i64::try_from(self.opened.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Runs `f` on an idle reader of the database at `path`, or on a new one.
+    fn with<T>(
+        &self,
+        path: &Path,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.last_used_ms.store(self.now_ms(), Ordering::Relaxed);
+        let idle = self.idle.lock().ok().and_then(|mut r| r.pop());
+        let conn = match idle {
+            Some(c) => {
+                IDLE_READERS.fetch_sub(1, Ordering::SeqCst);
+                c
+            }
+            None => {
+                let c = Connection::open(path).map_err(internal)?;
+                configure(&c, reader_cache_kib())?;
+                c
+            }
+        };
+        let result = f(&conn);
+        self.give_back(conn);
+        result
+    }
+
+    /// Keeps `conn` for the next read if both bounds allow; closes it otherwise.
+    fn give_back(&self, conn: Connection) {
+        let Ok(mut idle) = self.idle.lock() else {
+            return;
+        };
+        let room = idle.len() < MAX_IDLE_READERS
+            && IDLE_READERS
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n < MAX_IDLE_READERS_TOTAL).then_some(n + 1)
+                })
+                .is_ok();
+        if room {
+            idle.push(conn);
+        }
+    }
+
+    /// Closes every idle reader when none was used for `unused`.
+    fn close_unused_for(&self, unused: std::time::Duration) {
+        let unused_ms = i64::try_from(unused.as_millis()).unwrap_or(i64::MAX);
+        if self.now_ms() - self.last_used_ms.load(Ordering::Relaxed) < unused_ms {
+            return;
+        }
+        let closing = match self.idle.lock() {
+            Ok(mut idle) => std::mem::take(&mut *idle),
+            Err(_) => return,
+        };
+        IDLE_READERS.fetch_sub(closing.len(), Ordering::SeqCst);
+        drop(closing);
+    }
+}
+
+impl Drop for Readers {
+    fn drop(&mut self) {
+        let n = match self.idle.get_mut() {
+            Ok(idle) => idle.len(),
+            Err(poisoned) => poisoned.into_inner().len(),
+        };
+        IDLE_READERS.fetch_sub(n, Ordering::SeqCst);
+    }
+}
+
+/// The memory budget of SQLite in this process, in bytes (0: none set).
+static MEMORY_BUDGET: AtomicU64 = AtomicU64::new(0);
+
+/// Gives every embedded store of the process one memory budget: SQLite's
+/// soft heap limit, `bytes`. Called once at start-up, before stores open.
+///
+/// The bundled SQLite is built with `SQLITE_ENABLE_MEMORY_MANAGEMENT`, so
+/// all connections share one page cache with one LRU list, and the limit is
+/// checked on every allocation: past it, SQLite recycles the least recently
+/// used unpinned pages of any connection (sqlite.org/c3ref/hard_heap_limit64).
+/// It is soft: memory that cannot be released (pages pinned by a running
+/// statement, each connection's lookaside, schema and prepared statements,
+/// about 100 KiB per store measured) may take SQLite past it, never an error.
+/// Cache sizes follow it too: a writer may cache a quarter of the budget (at
+/// most 64 MiB, its size before the budget), a reader 1/64 (at most SQLite's
+/// default 2,000 KiB), so one busy tenant cannot evict all the others.
+pub fn set_memory_budget(bytes: u64) {
+    MEMORY_BUDGET.store(bytes, Ordering::SeqCst);
+    let limit = i64::try_from(bytes).unwrap_or(i64::MAX);
+    // SAFETY: a plain call with an integer; SQLite serialises it itself.
+    unsafe {
+        rusqlite::ffi::sqlite3_soft_heap_limit64(limit);
+    }
+}
+
+/// The heap SQLite holds now, in bytes, for every connection of the process.
+pub fn memory_used() -> i64 {
+    // SAFETY: a plain call without arguments; SQLite serialises it itself.
+    unsafe { rusqlite::ffi::sqlite3_memory_used() }
+}
+
+/// Page cache of a writer, in KiB: a quarter of the budget, at most 64 MiB.
+fn writer_cache_kib() -> u64 {
+    cache_kib(4, 65_536)
+}
+
+/// Page cache of a reader, in KiB: 1/64 of the budget, at most SQLite's default.
+fn reader_cache_kib() -> u64 {
+    cache_kib(64, 2_000)
+}
+
+fn cache_kib(share: u64, max_kib: u64) -> u64 {
+    match MEMORY_BUDGET.load(Ordering::SeqCst) {
+        0 => max_kib,
+        budget => (budget / share / 1024).clamp(64, max_kib),
+    }
+}
+
+/// Lookaside (SQLite's per-connection pool for small allocations) of each
+/// connection: 32 slots of 1,200 bytes, 38 KB, instead of the 120 KB of the
+/// default, which 1,000 tenants would pay twice over before caching a page.
+const LOOKASIDE_SLOT: i32 = 1_200;
+const LOOKASIDE_SLOTS: i32 = 32;
+
+/// What every connection of a store is set up with, right after it opens
+/// (the lookaside can be changed only before the connection used it).
+fn configure(conn: &Connection, cache_kib: u64) -> Result<(), StoreError> {
+    // SAFETY: `handle` is the open connection `conn` owns, used on this
+    // thread only; SQLITE_DBCONFIG_LOOKASIDE takes exactly a buffer pointer
+    // (null: SQLite allocates it) and two ints. When it cannot apply (the
+    // lookaside is in use) it returns SQLITE_BUSY and leaves the default.
+    unsafe {
+        rusqlite::ffi::sqlite3_db_config(
+            conn.handle(),
+            rusqlite::ffi::SQLITE_DBCONFIG_LOOKASIDE,
+            std::ptr::null_mut::<std::ffi::c_void>(),
+            LOOKASIDE_SLOT,
+            LOOKASIDE_SLOTS,
+        );
+    }
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(internal)?;
+    conn.execute_batch(&format!("PRAGMA cache_size = -{cache_kib}"))
+        .map_err(internal)
+}
 
 impl SqliteStore {
     /// The UTC day the named windows (`last_day` ... `last_year`) end on:
@@ -419,8 +523,7 @@ impl SqliteStore {
         })?;
         let path = data_dir.join(DB_FILE);
         let mut conn = Connection::open(&path).map_err(internal)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(internal)?;
+        configure(&conn, writer_cache_kib())?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
             .map_err(internal)?;
@@ -434,10 +537,8 @@ impl SqliteStore {
         // through `sync`, after the commit and outside the writer lock, so the
         // next flush is written while this one reaches the disk: a commit is
         // acknowledged only after an fsync that began after it.
-        conn.execute_batch(
-            "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = OFF; PRAGMA cache_size = -65536;",
-        )
-        .map_err(internal)?;
+        conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = OFF;")
+            .map_err(internal)?;
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(internal)?;
@@ -446,9 +547,15 @@ impl SqliteStore {
                 "database schema version {version} is newer than this build understands ({SCHEMA_VERSION})"
             )));
         }
-        conn.execute_batch(SCHEMA).map_err(internal)?;
-        conn.execute_batch(queries::SCHEMA_V2).map_err(internal)?;
-        conn.execute_batch(rollup::SCHEMA_V3).map_err(internal)?;
+        // One transaction, not one commit per table and index: the part of
+        // opening a new tenant that took longest.
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(internal)?;
+        tx.execute_batch(SCHEMA).map_err(internal)?;
+        tx.execute_batch(queries::SCHEMA_V2).map_err(internal)?;
+        tx.execute_batch(rollup::SCHEMA_V3).map_err(internal)?;
+        tx.commit().map_err(internal)?;
         rollup::backfill(&mut conn, clock.today())?;
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
             .map_err(internal)?;
@@ -462,14 +569,16 @@ impl SqliteStore {
             gauges.push(Arc::downgrade(&ids));
         }
         let writer = Arc::new(Mutex::new(conn));
+        let readers = Arc::new(Readers::new());
         let last_write = Arc::new(Idle::new());
-        spawn_background(Background {
+        background::register(background::Job {
             writer: Arc::downgrade(&writer),
+            readers: Arc::downgrade(&readers),
             path: path.clone(),
             clock: clock.clone(),
             idle: last_write.clone(),
             id_window_ms,
-            ids: ids.clone(),
+            ids: Arc::downgrade(&ids),
             retention_days,
         });
         Ok(SqliteStore {
@@ -478,7 +587,7 @@ impl SqliteStore {
             last_write,
             path,
             writer,
-            readers: Arc::new(Mutex::new(Vec::new())),
+            readers,
             id_window_ms,
             wal,
             fsync_fault: FsyncFault::default(),
@@ -520,27 +629,9 @@ impl SqliteStore {
     ) -> Result<T, StoreError> {
         let readers = self.readers.clone();
         let path = self.path.clone();
-        tokio::task::spawn_blocking(move || {
-            let idle = readers.lock().ok().and_then(|mut r| r.pop());
-            let conn = match idle {
-                Some(c) => c,
-                None => {
-                    let c = Connection::open(&path).map_err(internal)?;
-                    c.busy_timeout(std::time::Duration::from_secs(5))
-                        .map_err(internal)?;
-                    c
-                }
-            };
-            let result = f(&conn);
-            if let Ok(mut r) = readers.lock() {
-                if r.len() < MAX_IDLE_READERS {
-                    r.push(conn);
-                }
-            }
-            result
-        })
-        .await
-        .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
+        tokio::task::spawn_blocking(move || readers.with(&path, f))
+            .await
+            .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
     }
 }
 

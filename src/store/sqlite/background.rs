@@ -1,0 +1,316 @@
+//! The one background worker of every embedded store in the process: a
+//! single thread that gives each open store a turn in round-robin order
+//! (idempotency-id expiry, id counting, bucket retention, window roll-up),
+//! so that 1,000 tenants cost one thread, not 1,000.
+//!
+//! Why this shape:
+//! - The worker holds only weak references to a store's connections: a
+//!   dropped store closes its files at once (or at the end of a turn under
+//!   way), and its entry is forgotten at its next turn.
+//! - Fair: a store goes to the back of the queue after each turn, and a turn
+//!   is bounded by the same budgets a store's own thread had, so a busy
+//!   store delays the others by at most one bounded turn per round.
+//! - A store whose writer is busy (a flush) is retried a little later,
+//!   instead of the worker waiting on it while other stores are due; only
+//!   after [`BUSY_RETRIES`] misses in a row does the worker wait for it, so
+//!   the busy store's own expiry and retention still happen.
+//! - A store with nothing to do (no write since its last turn, same day, no
+//!   id due to expire, and that turn found no work) is not even locked:
+//!   1,000 idle tenants cost next to nothing. A full turn still runs every
+//!   [`RECHECK_EVERY`], in case the clock was set back.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, TryLockError, Weak};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+use super::{count_ids, expire_buckets, expire_ids, rollup, Idle, Readers};
+use crate::domain::Clock;
+
+/// How often each store gets its turn, and how long a turn may hold the
+/// writer for the roll-up: flushes wait at most this long, and a windowed
+/// query catches up the rest itself.
+const ROLLUP_EVERY: Duration = Duration::from_millis(500);
+const ROLLUP_BUDGET: Duration = Duration::from_millis(50);
+/// The roll-up skips its turn while flushes came this recently: folding
+/// competes with them for the writer and the CPU (measured: a quarter to a
+/// half of the load rate), so under sustained writes a windowed query folds
+/// the backlog itself...
+const ROLLUP_QUIET_MS: i64 = 1_000;
+/// ...unless the log holds this many rows, which the background then folds
+/// anyway so that the log stays bounded.
+const ROLLUP_MAX_BACKLOG: i64 = 1_000_000;
+/// How long each turn may keep deleting expired idempotency ids, and day
+/// buckets past the retention: a flush waits at most this long for the writer.
+const EXPIRE_BUDGET: Duration = Duration::from_millis(20);
+const RETAIN_BUDGET: Duration = Duration::from_millis(20);
+/// How often the kept ids are counted for `/metrics` (a scan of their index,
+/// on a reader, so the writer is not held for it), when they may have changed.
+const COUNT_IDS_EVERY: Duration = Duration::from_secs(2);
+/// A store whose writer is held by a flush is retried after this long, at
+/// most this many times in a row before the worker waits for the writer.
+const BUSY_RETRY: Duration = Duration::from_millis(50);
+const BUSY_RETRIES: u32 = 4;
+/// A quiet store still gets a full turn this often.
+const RECHECK_EVERY: Duration = Duration::from_secs(30);
+/// Idle readers of a store that served no read for this long are closed,
+/// so that quiet tenants give their share of the process-wide idle bound
+/// to busy ones.
+const READERS_UNUSED_FOR: Duration = Duration::from_secs(60);
+
+/// What the worker needs of one store. Weak where the store owns files or
+/// counts in `/metrics`: the worker must never keep a dropped store alive.
+pub(super) struct Job {
+    pub writer: Weak<Mutex<Connection>>,
+    pub readers: Weak<Readers>,
+    pub path: PathBuf,
+    pub clock: Clock,
+    pub idle: Arc<Idle>,
+    pub id_window_ms: i64,
+    pub ids: Weak<AtomicI64>,
+    pub retention_days: u32,
+}
+
+/// One store in the worker's queue, with what its last turns found.
+struct Entry {
+    job: Job,
+    due: Instant,
+    /// Turns in a row that found the writer busy.
+    busy: u32,
+    /// When the ids were last counted, and the store's last write then.
+    counted: Instant,
+    counted_write_ms: i64,
+    /// Expiry deleted ids since the last count.
+    expired_since_count: bool,
+    /// Set by a full turn that found nothing to do.
+    quiet: Option<Quiet>,
+}
+
+/// The conditions under which a store that had nothing to do still has nothing to do.
+struct Quiet {
+    write_ms: i64,
+    today: i64,
+    /// When the oldest kept id expires (`i64::MAX`: no id kept).
+    expiry_due_ms: i64,
+    since: Instant,
+}
+
+struct Queue {
+    entries: Mutex<VecDeque<Entry>>,
+    added: Condvar,
+}
+
+/// The worker's queue; `None` until the first store opens (or while the
+/// thread could not be started: the next open tries again).
+static WORKER: Mutex<Option<Arc<Queue>>> = Mutex::new(None);
+
+/// Gives the store of `job` its turns from now on, until it is dropped.
+/// Starts the worker thread with the first store.
+pub(super) fn register(job: Job) {
+    let Ok(mut worker) = WORKER.lock() else {
+        tracing::warn!(
+            "no background expiry and roll-up (queries catch up themselves): worker lock poisoned"
+        );
+        return;
+    };
+    if worker.is_none() {
+        let queue = Arc::new(Queue {
+            entries: Mutex::new(VecDeque::new()),
+            added: Condvar::new(),
+        });
+        let for_thread = queue.clone();
+        match std::thread::Builder::new()
+            .name("store-background".into())
+            .spawn(move || run(&for_thread))
+        {
+            Ok(_) => *worker = Some(queue),
+            Err(e) => {
+                tracing::warn!(
+                    "no background expiry and roll-up (queries catch up themselves): {e}"
+                );
+                return;
+            }
+        }
+    }
+    let Some(queue) = worker.clone() else { return };
+    drop(worker);
+    let entry = Entry {
+        job,
+        due: Instant::now() + ROLLUP_EVERY,
+        busy: 0,
+        counted: Instant::now(),
+        counted_write_ms: i64::MIN,
+        expired_since_count: false,
+        quiet: None,
+    };
+    let Ok(mut entries) = queue.entries.lock() else {
+        return;
+    };
+    entries.push_back(entry);
+    queue.added.notify_one();
+}
+
+fn run(queue: &Queue) {
+    loop {
+        let Some(mut entry) = next_due(queue) else {
+            return;
+        };
+        // A bug in one store's work must not end every store's background:
+        // that store is forgotten (its writer lock poisoned, as before).
+        let kept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| turn(&mut entry)))
+            .unwrap_or_else(|_| {
+                tracing::error!(path = %entry.job.path.display(), "background work of a store panicked; it gets no more turns");
+                false
+            });
+        if kept {
+            let Ok(mut entries) = queue.entries.lock() else {
+                return;
+            };
+            entries.push_back(entry);
+        }
+    }
+}
+
+/// Waits until the store at the front of the queue is due and takes it out.
+/// Entries go in at the back with a due time after every earlier one's, so
+/// the front is the next due (a busy retry, due sooner, waits for those
+/// ahead of it: its store still gets no second turn in a round).
+fn next_due(queue: &Queue) -> Option<Entry> {
+    let mut entries = queue.entries.lock().ok()?;
+    loop {
+        let now = Instant::now();
+        match entries.front().map(|e| e.due) {
+            None => entries = queue.added.wait(entries).ok()?,
+            Some(due) if due <= now => return entries.pop_front(),
+            Some(due) => entries = queue.added.wait_timeout(entries, due - now).ok()?.0,
+        }
+    }
+}
+
+/// One turn of one store; `false` when the store is gone.
+fn turn(e: &mut Entry) -> bool {
+    if let Some(readers) = e.job.readers.upgrade() {
+        readers.close_unused_for(READERS_UNUSED_FOR);
+    }
+    let Some(writer) = e.job.writer.upgrade() else {
+        return false;
+    };
+    if !e.still_quiet() {
+        let conn = match writer.try_lock() {
+            Ok(conn) => conn,
+            Err(TryLockError::WouldBlock) if e.busy < BUSY_RETRIES => {
+                e.busy += 1;
+                e.due = Instant::now() + BUSY_RETRY;
+                return true;
+            }
+            Err(TryLockError::WouldBlock) => match writer.lock() {
+                Ok(conn) => conn,
+                Err(_) => return false,
+            },
+            Err(TryLockError::Poisoned(_)) => return false,
+        };
+        e.busy = 0;
+        let mut conn = conn;
+        e.quiet = work(&e.job, &mut conn, &mut e.expired_since_count);
+    }
+    drop(writer);
+    e.count_ids_if_changed();
+    e.due = Instant::now() + ROLLUP_EVERY;
+    true
+}
+
+/// The work of a full turn, with the writer held (as a flush holds it: the
+/// last write read here is exact). Returns the conditions of a quiet store
+/// when there was nothing to do.
+fn work(job: &Job, conn: &mut Connection, expired: &mut bool) -> Option<Quiet> {
+    let write_ms = job.idle.last_write_ms();
+    let today = job.clock.today();
+    let mut nothing_to_do = true;
+    let expired_before = job.clock.now_ms().saturating_sub(job.id_window_ms);
+    match expire_ids(conn, expired_before, EXPIRE_BUDGET) {
+        Ok(0) => {}
+        Ok(_) => {
+            *expired = true;
+            nothing_to_do = false;
+        }
+        Err(e) => {
+            tracing::warn!("idempotency-id expiry failed (retried later): {e}");
+            nothing_to_do = false;
+        }
+    }
+    match expire_buckets(conn, today, job.retention_days, RETAIN_BUDGET) {
+        Ok(0) => {}
+        Ok(_) => nothing_to_do = false,
+        Err(e) => {
+            tracing::warn!("bucket retention failed (retried later): {e}");
+            nothing_to_do = false;
+        }
+    }
+    let busy = job.idle.quiet_for_ms() < ROLLUP_QUIET_MS;
+    if !busy || rollup::backlog(conn).unwrap_or(0) >= ROLLUP_MAX_BACKLOG {
+        match rollup::run_for(conn, today, ROLLUP_BUDGET) {
+            Ok(p) if p.pending_from.is_none() && p.rolled => {}
+            Ok(_) => nothing_to_do = false,
+            Err(e) => {
+                tracing::warn!("window roll-up step failed (queries catch up themselves): {e}");
+                nothing_to_do = false;
+            }
+        }
+    } else {
+        nothing_to_do = false;
+    }
+    if !nothing_to_do {
+        return None;
+    }
+    let oldest: Option<i64> = conn
+        .query_row("SELECT min(seen_ms) FROM event_ids", [], |r| r.get(0))
+        .ok()?;
+    Some(Quiet {
+        write_ms,
+        today,
+        // An id is expired once seen before `now - window`.
+        expiry_due_ms: oldest.map_or(i64::MAX, |o| {
+            o.saturating_add(job.id_window_ms).saturating_add(1)
+        }),
+        since: Instant::now(),
+    })
+}
+
+impl Entry {
+    /// Nothing can have become due since the full turn that found nothing to do.
+    fn still_quiet(&self) -> bool {
+        let Some(q) = &self.quiet else {
+            return false;
+        };
+        q.since.elapsed() < RECHECK_EVERY
+            && self.job.idle.last_write_ms() == q.write_ms
+            && self.job.clock.today() == q.today
+            && self.job.clock.now_ms() < q.expiry_due_ms
+    }
+
+    /// Counts the kept ids (for `/metrics`) when a write or the expiry may
+    /// have changed them, at most every [`COUNT_IDS_EVERY`].
+    fn count_ids_if_changed(&mut self) {
+        let write_ms = self.job.idle.last_write_ms();
+        let changed = self.expired_since_count || write_ms != self.counted_write_ms;
+        if !changed || self.counted.elapsed() < COUNT_IDS_EVERY {
+            return;
+        }
+        let (Some(readers), Some(ids)) = (self.job.readers.upgrade(), self.job.ids.upgrade())
+        else {
+            return;
+        };
+        self.counted = Instant::now();
+        match readers.with(&self.job.path, count_ids) {
+            Ok(n) => {
+                ids.store(n, Ordering::Relaxed);
+                self.counted_write_ms = write_ms;
+                self.expired_since_count = false;
+            }
+            Err(e) => tracing::warn!("cannot count idempotency ids: {e}"),
+        }
+    }
+}
