@@ -290,3 +290,90 @@ async fn fair_turns() {
     assert!(threads() <= base + THREADS);
     drop((stores, busy, late));
 }
+
+/// The same through the gateway: 1,000 tenants opened by their first write
+/// over HTTP (each on the blocking pool, with full durability), then read:
+/// one background worker, threads at the baseline plus the capped blocking
+/// pool, SQLite's memory within the budget; closed once idle, they let go
+/// of every file, and one opened again still has its data.
+#[test]
+fn a_thousand_tenants_over_http_stay_within_the_budget_and_close_when_idle() {
+    runtime().block_on(a_thousand_tenants_over_http());
+}
+
+async fn a_thousand_tenants_over_http() {
+    let _serial = SERIAL.lock().await;
+    sqlite::set_memory_budget(BUDGET);
+    let app = common::TestApp::start_with(common::Options {
+        max_tenants: 1001,
+        ..common::Options::default()
+    })
+    .await;
+    let tenants_dir = app.data_dir().canonicalize().unwrap().join("tenants");
+    let base = threads();
+    highwater(true);
+    let started = Instant::now();
+    let path = common::counter_path("VIDEO", "VIEW", "v1", "");
+    for i in 0..1000 {
+        let r = app
+            .send(
+                app.http
+                    .post(app.url(&format!("{path}/increment")))
+                    .header("x-tenant", format!("t{i}"))
+                    .json(&serde_json::json!({ "count": i + 1 })),
+            )
+            .await;
+        assert_eq!(r.status, 200, "tenant t{i}: {}", r.text);
+    }
+    for i in (0..1000).step_by(37) {
+        let r = app
+            .send(
+                app.http
+                    .get(app.url(&path))
+                    .header("x-tenant", format!("t{i}")),
+            )
+            .await;
+        assert_eq!(r.json["value"], i + 1, "tenant t{i}: {}", r.text);
+    }
+    let (open_threads, used, high) = (threads(), sqlite::memory_used(), highwater(false));
+    println!(
+        "1,000 tenants opened over HTTP in {:?}: threads {base} -> {open_threads}, \
+         SQLite memory {} KiB (high-water {} KiB, budget {} KiB), RSS {} KiB",
+        started.elapsed(),
+        used / 1024,
+        high / 1024,
+        BUDGET / 1024,
+        rss_kib()
+    );
+    assert_eq!(app.metric("counter_gateway_tenants").await, 1001.0);
+    assert_eq!(background_threads(), 1, "one background worker");
+    assert!(
+        open_threads <= base + THREADS,
+        "1,000 tenants took {} threads",
+        open_threads - base
+    );
+    let limit = i64::try_from(BUDGET).unwrap() + SLACK;
+    assert!(used <= limit, "SQLite holds {used} bytes, over {limit}");
+    assert!(
+        high <= limit,
+        "SQLite held up to {high} bytes, over {limit}"
+    );
+
+    // Idle: every tenant but the default is closed and lets go of its files.
+    assert_eq!(app.tenants.close_idle(Duration::ZERO), 1000);
+    assert_eq!(app.metric("counter_gateway_tenants").await, 1.0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while files_open_under(&tenants_dir) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} files of closed tenants are still open",
+            files_open_under(&tenants_dir)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = app
+        .send(app.http.get(app.url(&path)).header("x-tenant", "t999"))
+        .await;
+    assert_eq!(r.json["value"], 1000, "{}", r.text);
+    app.stop().await;
+}
