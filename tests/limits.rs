@@ -7,8 +7,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assert_error, counter_path, key_line, Options, TestApp, MAX_BODY_BYTES, MAX_EVENTS};
-use counter_gateway::store::Store;
+use common::{
+    assert_error, counter_path, key_line, Options, Stuck, TestApp, MAX_BODY_BYTES, MAX_EVENTS,
+};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -97,17 +98,6 @@ async fn without_keys_the_rate_limit_counts_by_ip() {
     // Operations endpoints are not limited.
     assert_eq!(app.get("/healthz").await.status, 200);
 }
-
-/// A store whose writes wait until the gate opens.
-struct Stuck {
-    inner: Arc<dyn Store>,
-    gate: Arc<Semaphore>,
-}
-
-store_wrapper!(Stuck, |self, batch| {
-    let _open = self.gate.acquire().await.expect("gate");
-    self.inner.apply(batch).await
-});
 
 #[tokio::test]
 async fn a_request_past_the_timeout_is_503_timeout() {

@@ -9,24 +9,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assert_error, Options, Resp, TestApp};
+use common::{assert_error, Options, Resp, Stuck, TestApp};
 use counter_gateway::pipeline::PipelineConfig;
-use counter_gateway::store::Store;
 use counter_gateway::Limits;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
-
-/// A store whose writes wait until the test opens the gate.
-struct Stuck {
-    inner: Arc<dyn Store>,
-    gate: Arc<Semaphore>,
-}
-
-store_wrapper!(Stuck, |self, batch| {
-    let _open = self.gate.acquire().await.expect("gate");
-    self.inner.apply(batch).await
-});
 
 /// `n` events on the one counter `BQ/VIEW/<uuid>`.
 fn batch(uuid: &str, n: usize) -> Value {
@@ -76,16 +64,12 @@ async fn value_in(app: &TestApp, tenant: &str, uuid: &str) -> Option<i64> {
     }
 }
 
-fn assert_overloaded(r: &Resp) {
-    assert_error(r, 503, "overloaded", &["queue is full"]);
-    assert_eq!(r.header("retry-after"), Some("1"), "{}", r.text);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stuck_tenant_fills_its_share_and_the_others_keep_writing() {
+/// A gateway whose default tenant's store is stuck until the gate opens
+/// (the other tenants' stores are not), with a queue of 100 events in all,
+/// a tenant at most half of them, and batches of at most 10.
+async fn stuck_default_tenant() -> (TestApp, Arc<Semaphore>) {
     let gate = Arc::new(Semaphore::new(0));
     let g = gate.clone();
-    // 100 events in all, a tenant at most half of them.
     let options = Options {
         limits: Limits {
             max_events_per_request: 10,
@@ -98,9 +82,20 @@ async fn a_stuck_tenant_fills_its_share_and_the_others_keep_writing() {
         },
         ..Options::default()
     };
-    // The default tenant's store is stuck; the others' are not.
     let app =
         TestApp::start_wrapped(options, move |inner| Arc::new(Stuck { inner, gate: g })).await;
+    (app, gate)
+}
+
+fn assert_overloaded(r: &Resp) {
+    assert_error(r, 503, "overloaded", &["queue is full"]);
+    assert_eq!(r.header("retry-after"), Some("1"), "{}", r.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_tenant_fills_its_share_and_the_others_keep_writing() {
+    // The default tenant's store is stuck; the others' are not.
+    let (app, gate) = stuck_default_tenant().await;
 
     let mut stuck = Vec::new();
     for i in 1..=5 {
@@ -340,22 +335,7 @@ async fn stopping_one_pipeline_leaves_the_shared_bound_open_for_the_others() {
 /// are parsed as ever, and the tenant takes writes again once drained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_out_of_room_refuses_before_parsing_until_it_drains() {
-    let gate = Arc::new(Semaphore::new(0));
-    let g = gate.clone();
-    let options = Options {
-        limits: Limits {
-            max_events_per_request: 10,
-            ..Options::default().limits
-        },
-        pipeline: PipelineConfig {
-            queue_capacity: 100,
-            tenant_queue_share: 50,
-            ..PipelineConfig::default()
-        },
-        ..Options::default()
-    };
-    let app =
-        TestApp::start_wrapped(options, move |inner| Arc::new(Stuck { inner, gate: g })).await;
+    let (app, gate) = stuck_default_tenant().await;
     let malformed = json!({"events": [{"entity": 1}]});
 
     // Before any refusal a malformed batch is parsed and named.

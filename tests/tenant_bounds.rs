@@ -101,6 +101,52 @@ fn id_rows(dir: &Path) -> i64 {
         .unwrap()
 }
 
+/// What 1,000 open stores may cost, measured since `base` threads at
+/// `started`: one background worker, at most [`THREADS`] more threads, and
+/// SQLite's memory (now and at its peak) within [`BUDGET`] and [`SLACK`].
+fn assert_within_budget(what: &str, base: usize, started: Instant) {
+    let (open_threads, used, high) = (threads(), sqlite::memory_used(), highwater(false));
+    println!(
+        "{what} in {:?}: threads {base} -> {open_threads}, SQLite memory {} KiB \
+         (high-water {} KiB, budget {} KiB), RSS {} KiB",
+        started.elapsed(),
+        used / 1024,
+        high / 1024,
+        BUDGET / 1024,
+        rss_kib()
+    );
+    assert_eq!(background_threads(), 1, "{what}: one background worker");
+    assert!(
+        open_threads <= base + THREADS,
+        "{what}: {} more threads",
+        open_threads - base
+    );
+    let limit = i64::try_from(BUDGET).unwrap() + SLACK;
+    assert!(
+        used <= limit,
+        "{what}: SQLite holds {used} bytes, over {limit}"
+    );
+    assert!(
+        high <= limit,
+        "{what}: SQLite held up to {high} bytes, over {limit}"
+    );
+}
+
+/// Waits (30 s at most) until no file under `dir` is open: a dropped store
+/// is let go of at the end of the worker's turn under way.
+async fn all_files_closed(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while files_open_under(dir) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} files under {} are still open",
+            files_open_under(dir),
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The budget the 1,000 stores get. An open store holds about 110 KiB that
 /// SQLite cannot release (lookaside, schema, cached statements), 1,000 of
 /// them about 110 MB, so the budget leaves room for some page cache.
@@ -163,47 +209,14 @@ async fn a_thousand_open_stores() {
         assert_eq!(store.get(&key).await.unwrap().unwrap().value, 1);
         stores.push(store);
     }
-    let (open_threads, used, high) = (threads(), sqlite::memory_used(), highwater(false));
-    println!(
-        "1,000 stores opened and written in {:?}: threads {base} -> {open_threads}, \
-         SQLite memory {} KiB (high-water {} KiB, budget {} KiB), RSS {} KiB",
-        started.elapsed(),
-        used / 1024,
-        high / 1024,
-        BUDGET / 1024,
-        rss_kib()
-    );
-    assert_eq!(
-        background_threads(),
-        1,
-        "one background worker for every store"
-    );
-    assert!(
-        open_threads <= base + THREADS,
-        "1,000 stores took {} threads",
-        open_threads - base
-    );
-    let limit = i64::try_from(BUDGET).unwrap() + SLACK;
-    assert!(used <= limit, "SQLite holds {used} bytes, over {limit}");
-    assert!(
-        high <= limit,
-        "SQLite held up to {high} bytes, over {limit}"
-    );
+    assert_within_budget("1,000 stores opened and written", base, started);
     // Evicted pages are read again: every store still answers.
     let key = CounterKey::new("VIDEO", "VIEW", &("x".repeat(200) + "4999")).unwrap();
     assert_eq!(stores[500].get(&key).await.unwrap().unwrap().value, 1);
 
     drop(stores);
     // The worker lets go of a store at the end of a turn under way.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while files_open_under(&root_path) > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "{} files of dropped stores are still open",
-            files_open_under(&root_path)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    all_files_closed(&root_path).await;
     assert!(threads() <= base + THREADS);
 }
 
@@ -335,42 +348,12 @@ async fn a_thousand_tenants_over_http() {
             .await;
         assert_eq!(r.json["value"], i + 1, "tenant t{i}: {}", r.text);
     }
-    let (open_threads, used, high) = (threads(), sqlite::memory_used(), highwater(false));
-    println!(
-        "1,000 tenants opened over HTTP in {:?}: threads {base} -> {open_threads}, \
-         SQLite memory {} KiB (high-water {} KiB, budget {} KiB), RSS {} KiB",
-        started.elapsed(),
-        used / 1024,
-        high / 1024,
-        BUDGET / 1024,
-        rss_kib()
-    );
     assert_eq!(app.metric("counter_gateway_tenants").await, 1001.0);
-    assert_eq!(background_threads(), 1, "one background worker");
-    assert!(
-        open_threads <= base + THREADS,
-        "1,000 tenants took {} threads",
-        open_threads - base
-    );
-    let limit = i64::try_from(BUDGET).unwrap() + SLACK;
-    assert!(used <= limit, "SQLite holds {used} bytes, over {limit}");
-    assert!(
-        high <= limit,
-        "SQLite held up to {high} bytes, over {limit}"
-    );
-
+    assert_within_budget("1,000 tenants opened over HTTP", base, started);
     // Idle: every tenant but the default is closed and lets go of its files.
     assert_eq!(app.tenants.close_idle(Duration::ZERO), 1000);
     assert_eq!(app.metric("counter_gateway_tenants").await, 1.0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while files_open_under(&tenants_dir) > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "{} files of closed tenants are still open",
-            files_open_under(&tenants_dir)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    all_files_closed(&tenants_dir).await;
     let r = app
         .send(app.http.get(app.url(&path)).header("x-tenant", "t999"))
         .await;

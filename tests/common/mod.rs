@@ -506,3 +506,15 @@ macro_rules! store_wrapper {
         }
     };
 }
+
+/// A store whose writes wait until the test opens its gate (adds permits),
+/// so a queue fills deterministically.
+pub struct Stuck {
+    pub inner: Arc<dyn Store>,
+    pub gate: Arc<tokio::sync::Semaphore>,
+}
+
+store_wrapper!(Stuck, |self, batch| {
+    let _open = self.gate.acquire().await.expect("gate");
+    self.inner.apply(batch).await
+});
