@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 use super::extract::{describe, parse_json, JsonBytes};
 use super::model::{EventBody, EventsAccepted, EventsBody, Object, RawEventsBody};
-use crate::domain::{Increment, TimePolicy};
+use crate::domain::{Increment, Interner, TimePolicy};
 use crate::error::{ApiError, EventError};
 
 pub async fn post(
@@ -83,8 +83,9 @@ impl ParsedBatch<'_> {
         }
         let mut incs = Vec::with_capacity(events.len());
         let mut errors = Vec::new();
+        let mut names = Interner::for_batch(events.len());
         for (index, event) in events.iter().enumerate() {
-            match Increment::from_spec(&event.spec(), policy, now) {
+            match Increment::from_spec_in(&event.spec(), policy, now, &mut names) {
                 Ok(inc) => incs.push(inc),
                 Err(reason) => errors.push(EventError { index, reason }),
             }
