@@ -188,3 +188,67 @@ async fn ids_are_remembered_across_a_restart() {
     assert_eq!(r.json, json!({"accepted": 1, "duplicates": 1}));
     assert_eq!(app.value("VIDEO", "VIEW", "p").await, Some(6));
 }
+
+/// Strings with JSON escapes cannot borrow from the body; they must still
+/// name the same counter, category and id as their plain spelling.
+#[tokio::test]
+async fn escaped_strings_in_a_batch_mean_what_they_spell() {
+    let app = TestApp::start().await;
+    let body = r#"{"events": [
+        {"entity": "VIDE\u004f", "action": "VIEW", "uuid": "esc", "category": "n\u0065ws", "id": "e\u002d1"},
+        {"entity": "VIDEO", "action": "VI\u0045W", "uuid": "\u0065sc", "id": "e-1"},
+        {"entity": "VIDEO", "action": "VIEW", "uuid": "esc", "count": 2}
+    ]}"#;
+    let r = app
+        .post_raw("/v1/events", Some("application/json"), body)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json, json!({"accepted": 2, "duplicates": 1}));
+    let got = app.get(&counter_path("VIDEO", "VIEW", "esc", "")).await;
+    assert_eq!(got.json["value"], 3, "{}", got.text);
+    assert_eq!(got.json["category"], "news");
+}
+
+/// Events of one batch share their names; each keeps its own key,
+/// category and timestamp all the same.
+#[tokio::test]
+async fn events_sharing_names_keep_their_own_category_and_timestamp() {
+    let app = TestApp::start().await;
+    let now = now_secs();
+    let (five, three) = (now - Duration::days(5), now - Duration::days(3));
+    let (one_h, two_h) = (now - Duration::hours(1), now - Duration::hours(2));
+    let e = |uuid: &str, category: Option<&str>, ts| {
+        let mut v =
+            json!({"entity": "VIDEO", "action": "VIEW", "uuid": uuid, "timestamp": rfc3339(ts)});
+        if let Some(c) = category {
+            v["category"] = json!(c);
+        }
+        v
+    };
+    let r = app
+        .post(
+            "/v1/events",
+            json!({"events": [
+                e("sa", Some("news"), five),
+                e("sb", Some("sports"), one_h),
+                e("sa", None, two_h),
+                e("sb", Some("news"), three),
+                e("sc", None, now),
+            ]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let a = app.get(&counter_path("VIDEO", "VIEW", "sa", "")).await;
+    assert_eq!(a.json["value"], 2, "{}", a.text);
+    assert_eq!(a.json["category"], "news");
+    assert_eq!(a.json["first_timestamp"], rendered(five));
+    assert_eq!(a.json["recorded_timestamp"], rendered(two_h));
+    let b = app.get(&counter_path("VIDEO", "VIEW", "sb", "")).await;
+    assert_eq!(b.json["value"], 2, "{}", b.text);
+    assert_eq!(b.json["category"], "news", "the last category given wins");
+    assert_eq!(b.json["first_timestamp"], rendered(three));
+    assert_eq!(b.json["recorded_timestamp"], rendered(one_h));
+    let c = app.get(&counter_path("VIDEO", "VIEW", "sc", "")).await;
+    assert_eq!(c.json["value"], 1, "{}", c.text);
+    assert_eq!(c.json["category"], Value::Null, "{}", c.text);
+}

@@ -1058,6 +1058,7 @@ async fn mixed_item_errors_resend_only_the_failed_items() {
             vec![inc("b", 2, None)],
             vec![inc("c", 3, None), inc("a", 4, None)],
         ],
+        wanted: [CounterKey::new("VIDEO", "VIEW", "b").unwrap()].into(),
     };
     let out = store.apply(batch).await.unwrap();
     assert_eq!(
@@ -1085,6 +1086,11 @@ async fn mixed_item_errors_resend_only_the_failed_items() {
         out.counters[&CounterKey::new("VIDEO", "VIEW", "b").unwrap()].value,
         2
     );
+    assert_eq!(
+        out.counters.len(),
+        1,
+        "only the wanted counter is read back"
+    );
 }
 
 #[tokio::test]
@@ -1096,6 +1102,7 @@ async fn a_bulk_refused_with_429_is_resent_whole_once_accepted() {
     let out = store
         .apply(WriteBatch {
             requests: vec![vec![inc("a", 1, None)]],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -1116,6 +1123,7 @@ async fn a_bulk_refused_by_the_engine_with_503_is_resent() {
     let out = store
         .apply(WriteBatch {
             requests: vec![vec![inc("a", 1, None)]],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -1145,6 +1153,7 @@ async fn a_bulk_a_proxy_answered_502_or_504_is_never_resent() {
         let out = store
             .apply(WriteBatch {
                 requests: vec![vec![inc("a", 1, None)]],
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -1167,6 +1176,7 @@ async fn each_bulk_asks_the_engine_to_give_up_before_the_client_does() {
     store
         .apply(WriteBatch {
             requests: vec![vec![inc("a", 1, None)]],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -1187,6 +1197,7 @@ async fn a_flush_with_many_event_ids_is_sent_as_runs_that_bound_script_loops() {
     let out = store
         .apply(WriteBatch {
             requests: vec![request(0), request(6_000)],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -1237,6 +1248,7 @@ async fn bucket_indices_are_created_ahead_without_automatic_creation() {
         .and_utc();
     let one = || WriteBatch {
         requests: vec![vec![inc("a", 1, None)]],
+        ..Default::default()
     };
     let out = store.apply(one()).await.unwrap();
     assert_eq!(
@@ -1279,6 +1291,7 @@ async fn bucket_indices_are_created_ahead_without_automatic_creation() {
     let out = store
         .apply(WriteBatch {
             requests: vec![vec![late]],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -1301,6 +1314,7 @@ async fn a_refused_index_creation_does_not_fail_writes_automatic_creation_allows
         let out = store
             .apply(WriteBatch {
                 requests: vec![vec![inc("a", 1, None)]],
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -1363,6 +1377,7 @@ async fn a_conflict_that_outlives_retry_on_conflict_is_retried() {
     let out = store
         .apply(WriteBatch {
             requests: vec![vec![inc("a", 1, None)]],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -1389,6 +1404,7 @@ async fn a_persistent_503_fails_only_its_requests_after_the_budget() {
     let out = store
         .apply(WriteBatch {
             requests: vec![vec![inc("a", 1, None)], vec![inc("b", 1, None)]],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -1426,6 +1442,7 @@ async fn a_coalesced_overflow_refuses_exactly_the_overflowing_requests() {
             vec![inc("j", 5, None), inc("k", 1, None)],
             vec![inc("j", 1, None)],
         ],
+        wanted: [CounterKey::new("VIDEO", "VIEW", "k").unwrap()].into(),
     };
     let out = store.apply(batch).await.unwrap();
     assert_eq!(out.requests[0], RequestOutcome::Applied { duplicates: 0 });
@@ -1474,6 +1491,7 @@ async fn event_ids_are_counted_once_and_repair_a_partial_failure() {
     let out = store
         .apply(WriteBatch {
             requests: vec![vec![inc("a", 1, Some("e1"))]],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -1485,6 +1503,7 @@ async fn event_ids_are_counted_once_and_repair_a_partial_failure() {
     let out = store
         .apply(WriteBatch {
             requests: vec![vec![inc("a", 1, Some("e1"))], vec![inc("a", 1, Some("e1"))]],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -1559,6 +1578,7 @@ async fn a_lost_answer_is_never_resent() {
     let out = store
         .apply(WriteBatch {
             requests: vec![vec![inc("a", 1, None)]],
+            ..Default::default()
         })
         .await
         .unwrap();

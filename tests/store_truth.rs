@@ -64,6 +64,7 @@ async fn a_failing_id_expiry_never_fails_a_committed_flush() {
     .unwrap();
     let one = |uuid: &str, id: &str, ms: i64| WriteBatch {
         requests: vec![vec![inc(uuid, Some(id), ms)]],
+        ..Default::default()
     };
     let out = store.apply(one("a", "old", t0 + 1)).await.unwrap();
     assert_eq!(out.requests[0], RequestOutcome::Applied { duplicates: 0 });

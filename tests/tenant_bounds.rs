@@ -90,6 +90,7 @@ fn open(dir: &Path, clock: &ManualClock) -> SqliteStore {
 async fn write(store: &SqliteStore, events: Vec<Increment>) {
     let out = store.apply(WriteBatch {
         requests: vec![events],
+        ..Default::default()
     });
     let out = out.await.unwrap();
     assert!(matches!(out.requests[0], RequestOutcome::Applied { .. }));

@@ -69,6 +69,7 @@ async fn write(store: &SqliteStore, events: Vec<Increment>) {
     let out = store
         .apply(WriteBatch {
             requests: vec![events],
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -7,8 +7,7 @@ use chrono::{DateTime, Utc};
 
 use super::extract::{describe, parse_json, JsonBytes};
 use super::model::{EventBody, EventsAccepted, EventsBody, Object, RawEventsBody};
-use super::AppState;
-use crate::domain::Increment;
+use crate::domain::{Increment, Interner, TimePolicy};
 use crate::error::{ApiError, EventError};
 
 pub async fn post(
@@ -16,43 +15,15 @@ pub async fn post(
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<EventsAccepted>, ApiError> {
     app.pipeline.admit()?;
-    if body.is_empty() {
-        return Err(ApiError::BadRequest(
-            "the body is empty; send {\"events\": [...]}".into(),
-        ));
-    }
-    let now = app.clock.now();
-    let parsed: EventsBody = match parse_json(&body) {
-        Ok(b) => b,
-        Err(e) => return Err(explain_parse_failure(&body, &app, now).unwrap_or(e)),
-    };
-    let max = app.limits.max_events_per_request;
-    if parsed.events.is_empty() {
-        return Err(ApiError::BadRequest(
-            "events must hold at least one event".into(),
-        ));
-    }
-    if parsed.events.len() > max {
-        return Err(ApiError::BadRequest(format!(
-            "events holds {} events, over the limit of {max} per request",
-            parsed.events.len()
-        )));
-    }
-    let mut incs = Vec::with_capacity(parsed.events.len());
-    let mut errors = Vec::new();
-    for (index, event) in parsed.events.iter().enumerate() {
-        match Increment::from_spec(&event.spec(), &app.time_policy, now) {
-            Ok(inc) => incs.push(inc),
-            Err(reason) => errors.push(EventError { index, reason }),
-        }
-    }
-    if !errors.is_empty() {
-        return Err(ApiError::InvalidEvents(errors));
-    }
+    let incs = read_batch(
+        &body,
+        &app.time_policy,
+        app.clock.now(),
+        app.limits.max_events_per_request,
+    )?;
     let accepted = incs.len();
     // The increments own their strings: the body and its parse need not be
     // held while the write waits in the queue (its bound counts increments).
-    drop(parsed);
     drop(body);
     let applied = app.pipeline.submit(incs, None).await?;
     Ok(Json(EventsAccepted {
@@ -61,10 +32,75 @@ pub async fn post(
     }))
 }
 
+/// A batch body parsed, its strings still borrowed from the body.
+pub struct ParsedBatch<'a>(EventsBody<'a>);
+
+/// Reads a `POST /v1/events` body into its increments, validated whole:
+/// every bad event is named by its index, or the envelope's fault is.
+/// Public (with its two stages) for `tests/bench_parse.rs`.
+pub fn read_batch(
+    body: &[u8],
+    policy: &TimePolicy,
+    now: DateTime<Utc>,
+    max_events: usize,
+) -> Result<Vec<Increment>, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::BadRequest(
+            "the body is empty; send {\"events\": [...]}".into(),
+        ));
+    }
+    let parsed = match parse_batch(body) {
+        Ok(b) => b,
+        Err(e) => return Err(explain_parse_failure(body, policy, now).unwrap_or(e)),
+    };
+    parsed.increments(policy, now, max_events)
+}
+
+/// The first stage of [`read_batch`]: the JSON alone.
+pub fn parse_batch(body: &[u8]) -> Result<ParsedBatch<'_>, ApiError> {
+    parse_json(body).map(ParsedBatch)
+}
+
+impl ParsedBatch<'_> {
+    /// The second stage of [`read_batch`]: counts the events and validates each.
+    pub fn increments(
+        &self,
+        policy: &TimePolicy,
+        now: DateTime<Utc>,
+        max: usize,
+    ) -> Result<Vec<Increment>, ApiError> {
+        let events = &self.0.events;
+        if events.is_empty() {
+            return Err(ApiError::BadRequest(
+                "events must hold at least one event".into(),
+            ));
+        }
+        if events.len() > max {
+            return Err(ApiError::BadRequest(format!(
+                "events holds {} events, over the limit of {max} per request",
+                events.len()
+            )));
+        }
+        let mut incs = Vec::with_capacity(events.len());
+        let mut errors = Vec::new();
+        let mut names = Interner::for_batch(events.len());
+        for (index, event) in events.iter().enumerate() {
+            match Increment::from_spec_in(&event.spec(), policy, now, &mut names) {
+                Ok(inc) => incs.push(inc),
+                Err(reason) => errors.push(EventError { index, reason }),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(ApiError::InvalidEvents(errors));
+        }
+        Ok(incs)
+    }
+}
+
 /// When a batch does not parse as a whole, finds every bad event (those that
 /// do not parse and those that parse but are invalid), so the client learns
 /// of all of them at once. `None` when the envelope itself is at fault.
-fn explain_parse_failure(body: &[u8], app: &AppState, now: DateTime<Utc>) -> Option<ApiError> {
+fn explain_parse_failure(body: &[u8], policy: &TimePolicy, now: DateTime<Utc>) -> Option<ApiError> {
     let raw: RawEventsBody = serde_json::from_slice(body).ok()?;
     let errors: Vec<EventError> = raw
         .events
@@ -73,9 +109,7 @@ fn explain_parse_failure(body: &[u8], app: &AppState, now: DateTime<Utc>) -> Opt
         .filter_map(|(index, v)| {
             let reason = match serde_path_to_error::deserialize::<_, Object<EventBody>>(v) {
                 Err(e) => describe(&e),
-                Ok(Object(event)) => {
-                    Increment::from_spec(&event.spec(), &app.time_policy, now).err()?
-                }
+                Ok(Object(event)) => Increment::from_spec(&event.spec(), policy, now).err()?,
             };
             Some(EventError { index, reason })
         })

@@ -7,7 +7,7 @@ mod averages;
 mod counters;
 pub mod dashboard;
 pub mod edge;
-mod events;
+pub mod events;
 mod extract;
 mod model;
 pub mod openapi;

@@ -31,6 +31,46 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
     }
 }
 
+/// `Option<Cow<str>>` borrowed from the body when the JSON string has no
+/// escape. serde borrows a bare `Cow<str>` field marked `borrow`, but an
+/// `Option` of one always allocates; the message for a wrong type is the
+/// one serde gives a `String` ("expected a string").
+fn borrowed<'de: 'a, 'a, D: Deserializer<'de>>(d: D) -> Result<Option<Cow<'a, str>>, D::Error> {
+    struct Str;
+    impl<'de> Visitor<'de> for Str {
+        type Value = Cow<'de, str>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+            Ok(Cow::Borrowed(v))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Cow::Owned(v.to_owned()))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+            Ok(Cow::Owned(v))
+        }
+    }
+    struct Opt;
+    impl<'de> Visitor<'de> for Opt {
+        type Value = Option<Cow<'de, str>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_str(Str).map(Some)
+        }
+    }
+    d.deserialize_option(Opt)
+}
+
 fn objects<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
     let v = Vec::<Object<T>>::deserialize(d)?;
     Ok(v.into_iter().map(|o| o.0).collect())
@@ -43,13 +83,13 @@ pub struct IncrementBody<'a> {
     /// Defaults to 1; may be negative.
     #[serde(default)]
     pub count: Option<i64>,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed")]
     pub category: Option<Cow<'a, str>>,
     /// RFC 3339; defaults to now.
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed")]
     pub timestamp: Option<Cow<'a, str>>,
     /// Idempotency id: a retry with the same id is counted once.
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed")]
     pub id: Option<Cow<'a, str>>,
 }
 
@@ -65,11 +105,11 @@ pub struct EventBody<'a> {
     pub uuid: Cow<'a, str>,
     #[serde(default)]
     pub count: Option<i64>,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed")]
     pub category: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed")]
     pub timestamp: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed")]
     pub id: Option<Cow<'a, str>>,
 }
 

@@ -4,7 +4,9 @@
 //! flush instead of one per HTTP request. Sums are kept in `i128` so that a
 //! flush whose total leaves the `i64` range is detected, not wrapped.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::domain::{CounterKey, Increment, Kind};
@@ -40,7 +42,14 @@ pub struct AverageDelta {
 #[derive(Debug, Default)]
 pub struct Coalesced {
     pub keys: Vec<KeyDelta>,
-    index: HashMap<CounterKey, usize>,
+    /// Where each key's delta is, by the key's hash: the first of the keys
+    /// with that hash, the others chained through `next`. A key is hashed
+    /// once per increment, and never cloned for a lookup.
+    index: HashMap<u64, usize, BuildHasherDefault<Prehashed>>,
+    /// Per entry of `keys`, the next key with the same hash (rare: a 64-bit
+    /// keyed hash), or `usize::MAX`.
+    next: Vec<usize>,
+    hasher: RandomState,
     /// Average samples, apart from counters: a key may name both a counter
     /// and an average. Empty (and never allocated) without samples.
     pub averages: Vec<AverageDelta>,
@@ -55,8 +64,14 @@ impl Coalesced {
         if let Kind::Sample { quantity } = inc.kind {
             return self.add_sample(inc, quantity);
         }
-        if let Some(&i) = self.index.get(&inc.key) {
-            let kd = &mut self.keys[i];
+        let hash = self.hasher.hash_one(&inc.key);
+        let head = self.index.get(&hash).copied();
+        let mut at = head.unwrap_or(usize::MAX);
+        while at != usize::MAX && self.keys[at].key != inc.key {
+            at = self.next[at];
+        }
+        if at != usize::MAX {
+            let kd = &mut self.keys[at];
             kd.delta += i128::from(inc.delta);
             if inc.category.is_some() {
                 kd.category.clone_from(&inc.category);
@@ -69,7 +84,8 @@ impl Coalesced {
             }
             return;
         }
-        self.index.insert(inc.key.clone(), self.keys.len());
+        self.index.insert(hash, self.keys.len());
+        self.next.push(head.unwrap_or(usize::MAX));
         self.keys.push(KeyDelta {
             key: inc.key.clone(),
             delta: i128::from(inc.delta),
@@ -117,6 +133,25 @@ impl Coalesced {
 
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty() && self.averages.is_empty()
+    }
+}
+
+/// The hasher of an index already keyed by a hash: passes it through.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64`s are hashed; this is the fallback `Hasher` demands.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
     }
 }
 

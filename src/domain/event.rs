@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use super::{day_of, validate_name, CounterKey, TimePolicy};
+use super::{day_of, CounterKey, Interner, Part, TimePolicy};
 
 /// Longest accepted idempotency id, in bytes.
 pub const MAX_EVENT_ID_BYTES: usize = 256;
@@ -59,7 +59,18 @@ impl Increment {
         policy: &TimePolicy,
         now: DateTime<Utc>,
     ) -> Result<Self, String> {
-        let key = CounterKey::new(spec.entity, spec.action, spec.uuid)?;
+        Self::from_spec_in(spec, policy, now, &mut Interner::default())
+    }
+
+    /// [`Increment::from_spec`] for one event of a batch: its names are
+    /// shared with the batch's other events through `names`.
+    pub fn from_spec_in<'a>(
+        spec: &IncrementSpec<'a>,
+        policy: &TimePolicy,
+        now: DateTime<Utc>,
+        names: &mut Interner<'a>,
+    ) -> Result<Self, String> {
+        let key = CounterKey::new_in(spec.entity, spec.action, spec.uuid, names)?;
         let count = spec.count.unwrap_or(1);
         let delta = if spec.negate {
             count.checked_neg().ok_or_else(|| {
@@ -69,10 +80,7 @@ impl Increment {
             count
         };
         let category = match spec.category {
-            Some(c) => {
-                validate_name("category", c)?;
-                Some(Arc::from(c))
-            }
+            Some(c) => Some(names.name(Part::Category, c)?.0),
             None => None,
         };
         let ts = match spec.timestamp {

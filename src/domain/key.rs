@@ -6,6 +6,7 @@
 //! different keys can never share an id, while a key whose parts hold neither
 //! character encodes to exactly the plain string.
 
+use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
@@ -29,20 +30,31 @@ impl CounterKey {
     /// Builds a key after validating each part and the length of its id.
     /// The error names the offending field.
     pub fn new(entity: &str, action: &str, uuid: &str) -> Result<Self, String> {
-        validate_name("entity", entity)?;
-        validate_name("action", action)?;
-        validate_name("uuid", uuid)?;
+        Self::new_in(entity, action, uuid, &mut Interner::default())
+    }
+
+    /// [`CounterKey::new`] with the parts shared through `names`, the
+    /// interner of the batch the key is part of.
+    pub fn new_in<'a>(
+        entity: &'a str,
+        action: &'a str,
+        uuid: &'a str,
+        names: &mut Interner<'a>,
+    ) -> Result<Self, String> {
+        let (entity, e_len) = names.name(Part::Entity, entity)?;
+        let (action, a_len) = names.name(Part::Action, action)?;
+        let (uuid, u_len) = names.name(Part::Uuid, uuid)?;
         // Measured without building the id: this runs for every event.
-        let id_len = escaped_len(entity) + escaped_len(action) + escaped_len(uuid) + 2;
+        let id_len = e_len + a_len + u_len + 2;
         if id_len > MAX_DOC_ID_BYTES {
             return Err(format!(
                 "the document id of this counter would be {id_len} bytes, over the limit of {MAX_DOC_ID_BYTES}; use shorter names"
             ));
         }
         Ok(CounterKey {
-            entity: entity.into(),
-            action: action.into(),
-            uuid: uuid.into(),
+            entity,
+            action,
+            uuid,
         })
     }
 
@@ -62,6 +74,93 @@ impl CounterKey {
 impl fmt::Display for CounterKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}/{}", self.entity, self.action, self.uuid)
+    }
+}
+
+/// Which name of an event a string is, for [`Interner::name`].
+#[derive(Clone, Copy, Debug)]
+pub enum Part {
+    Entity,
+    Action,
+    Uuid,
+    Category,
+}
+
+impl Part {
+    fn field(self) -> &'static str {
+        match self {
+            Part::Entity => "entity",
+            Part::Action => "action",
+            Part::Uuid => "uuid",
+            Part::Category => "category",
+        }
+    }
+}
+
+/// A validated name, and its length once escaped into a document id.
+#[derive(Clone, Debug)]
+struct Name {
+    text: Arc<str>,
+    escaped_len: usize,
+}
+
+/// The names of one batch, each validated and allocated once: a thousand
+/// events on few counters share their `Arc<str>`s (and compare by pointer
+/// when coalesced) instead of allocating three strings each. Holds the
+/// batch's strings by reference, so it lives no longer than the body.
+#[derive(Debug, Default)]
+pub struct Interner<'a> {
+    /// Every name seen, whatever its part: the rules are the same for all,
+    /// so a string valid as one part is valid as any. `None` (the default)
+    /// for a single event, which has nothing to share.
+    seen: Option<HashMap<&'a str, Name>>,
+    /// The last name of each part: events of a batch mostly repeat their
+    /// neighbour's entity, action and category, and a compare costs less
+    /// than a hash.
+    last: [Option<(&'a str, Name)>; 4],
+}
+
+impl<'a> Interner<'a> {
+    /// For a batch of about `events` events.
+    pub fn for_batch(events: usize) -> Self {
+        Interner {
+            seen: Some(HashMap::with_capacity(events.min(16))),
+            last: Default::default(),
+        }
+    }
+
+    /// `value` validated as `part` ([`validate_name`]), shared, with its
+    /// escaped length; the error names the part.
+    pub fn name(&mut self, part: Part, value: &'a str) -> Result<(Arc<str>, usize), String> {
+        let last = &mut self.last[part as usize];
+        if let Some((text, name)) = last {
+            if *text == value {
+                return Ok((name.text.clone(), name.escaped_len));
+            }
+        }
+        // Uuids are mostly distinct within a batch (10,000 keys or more
+        // behind it): looking them up would cost more than it saves.
+        let seen = match part {
+            Part::Uuid => None,
+            _ => self.seen.as_mut(),
+        };
+        let name = match seen.and_then(|seen| seen.get(value)) {
+            Some(name) => name.clone(),
+            None => {
+                validate_name(part.field(), value)?;
+                let name = Name {
+                    text: value.into(),
+                    escaped_len: escaped_len(value),
+                };
+                if let (Some(seen), false) = (&mut self.seen, matches!(part, Part::Uuid)) {
+                    seen.insert(value, name.clone());
+                }
+                name
+            }
+        };
+        let out = (name.text.clone(), name.escaped_len);
+        *last = Some((value, name));
+        Ok(out)
     }
 }
 
@@ -181,6 +280,40 @@ mod tests {
             .contains("513 bytes"));
         assert!(validate_name("entity", &"x".repeat(512)).is_ok());
         assert!(validate_name("entity", "vidéo 🎬").is_ok());
+    }
+
+    #[test]
+    fn a_batch_shares_its_names_and_refuses_each_bad_one() {
+        let mut names = Interner::for_batch(4);
+        let a = CounterKey::new_in("VIDEO", "VIEW", "u1", &mut names).unwrap();
+        let b = CounterKey::new_in("VIDEO", "like", "u2", &mut names).unwrap();
+        let c = CounterKey::new_in("VIDEO", "VIEW", "u3", &mut names).unwrap();
+        assert!(Arc::ptr_eq(&a.entity, &b.entity) && Arc::ptr_eq(&a.entity, &c.entity));
+        assert!(
+            Arc::ptr_eq(&a.action, &c.action),
+            "not only the last one is shared"
+        );
+        assert_eq!(
+            (&*b.action, &*b.uuid, &*c.action, &*c.uuid),
+            ("like", "u2", "VIEW", "u3")
+        );
+        // A name seen as one part is the same name as another part.
+        let d = CounterKey::new_in("VIEW", "VIDEO", "VIEW", &mut names).unwrap();
+        assert_eq!(
+            (&*d.entity, &*d.action, &*d.uuid),
+            ("VIEW", "VIDEO", "VIEW")
+        );
+        // Bad names are never remembered: each event is refused, naming its part.
+        for _ in 0..2 {
+            let err = CounterKey::new_in("VIDEO", " ", "u", &mut names).unwrap_err();
+            assert!(err.starts_with("action"), "{err}");
+        }
+        let err = CounterKey::new_in("VIDEO", "VIEW", " ", &mut names).unwrap_err();
+        assert!(err.starts_with("uuid"), "{err}");
+        // The id length counts escapes of shared names too.
+        let long = "_".repeat(170);
+        assert!(CounterKey::new_in(&long, "a", "b", &mut names).is_err());
+        assert!(CounterKey::new_in(&long, "a", "b", &mut names).is_err());
     }
 
     #[test]

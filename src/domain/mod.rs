@@ -15,6 +15,8 @@ pub use clock::{Clock, ManualClock};
 pub use coalesce::{coalesce, AverageDelta, Coalesced, KeyDelta};
 pub use counter::{format_ms, Counter};
 pub use event::{Increment, IncrementSpec, Kind};
-pub use key::{decode_doc_id, validate_name, CounterKey, MAX_DOC_ID_BYTES, MAX_NAME_BYTES};
+pub use key::{
+    decode_doc_id, validate_name, CounterKey, Interner, Part, MAX_DOC_ID_BYTES, MAX_NAME_BYTES,
+};
 pub use time::{day_of, TimePolicy};
 pub use window::{format_day, resolve as resolve_window, Resolved, Window, NAMED_INTERVALS};

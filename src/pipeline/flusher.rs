@@ -102,9 +102,13 @@ async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) -> A
     let mut replies = Vec::with_capacity(subs.len());
     let mut batch = WriteBatch {
         requests: Vec::with_capacity(subs.len()),
+        wanted: Default::default(),
     };
     for s in subs {
         batch.requests.push(s.events);
+        if let Some(k) = &s.want {
+            batch.wanted.insert(k.clone());
+        }
         replies.push((s.reply, s.want, s.held));
     }
     let increments: usize = batch.requests.iter().map(Vec::len).sum();

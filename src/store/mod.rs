@@ -8,7 +8,7 @@ pub mod empty;
 pub mod query;
 pub mod sqlite;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
 
@@ -26,6 +26,10 @@ pub use query::{
 #[derive(Debug, Default)]
 pub struct WriteBatch {
     pub requests: Vec<Vec<Increment>>,
+    /// The counters whose state after the flush a request asked for (a
+    /// single increment answers with its counter; batches ask for none).
+    /// Only these are read back into [`BatchOutcome::counters`].
+    pub wanted: HashSet<CounterKey>,
 }
 
 /// What happened to one request of a batch.
@@ -42,10 +46,12 @@ pub enum RequestOutcome {
 }
 
 /// The result of applying a batch: one outcome per request, in order, and the
-/// state after the flush of every counter it touched.
+/// state after the flush of the counters the batch wanted.
 #[derive(Debug, Default)]
 pub struct BatchOutcome {
     pub requests: Vec<RequestOutcome>,
+    /// Of [`WriteBatch::wanted`], those applied (a store may leave out one
+    /// whose state it could not read back; the request still succeeded).
     pub counters: HashMap<CounterKey, Counter>,
     /// Store operations sent (rows upserted, bulk items): for metrics and benchmarks.
     pub store_writes: usize,

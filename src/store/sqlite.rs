@@ -11,7 +11,7 @@
 //! (`background`), so that 1,000 tenants cost neither 1,000 threads nor
 //! 1,000 private caches.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -669,6 +669,7 @@ struct Overflowed(CounterKey);
 fn write_coalesced(
     tx: &Connection,
     c: &Coalesced,
+    wanted: &HashSet<CounterKey>,
     counters: &mut HashMap<CounterKey, Counter>,
     writes: &mut usize,
 ) -> Result<Result<(), Overflowed>, StoreError> {
@@ -690,6 +691,9 @@ fn write_coalesced(
         let Ok(delta) = i64::try_from(*delta) else {
             return Ok(Err(Overflowed(key.clone())));
         };
+        // The state after the flush is read back only for a key a request
+        // asked for: the category alone would be a `String` per key.
+        let want = !wanted.is_empty() && wanted.contains(key);
         let row = upsert
             .query_row(
                 params![
@@ -702,19 +706,26 @@ fn write_coalesced(
                     last_ms
                 ],
                 |r| {
+                    let cid = r.get::<_, i64>(0)?;
+                    if !want {
+                        return Ok((cid, None));
+                    }
                     Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, Option<String>>(2)?,
-                        r.get::<_, i64>(3)?,
-                        r.get::<_, i64>(4)?,
+                        cid,
+                        Some(Counter {
+                            key: key.clone(),
+                            value: r.get(1)?,
+                            category: r.get(2)?,
+                            first_ms: r.get(3)?,
+                            recorded_ms: r.get(4)?,
+                        }),
                     ))
                 },
             )
             .optional()
             .map_err(internal)?;
         *writes += 1;
-        let Some((cid, value, category, first_ms, recorded_ms)) = row else {
+        let Some((cid, after)) = row else {
             return Ok(Err(Overflowed(key.clone())));
         };
         for &(day, d) in buckets {
@@ -727,16 +738,9 @@ fn write_coalesced(
             }
             log.execute(params![cid, day, d]).map_err(internal)?;
         }
-        counters.insert(
-            key.clone(),
-            Counter {
-                key: key.clone(),
-                value,
-                category,
-                first_ms,
-                recorded_ms,
-            },
-        );
+        if let Some(after) = after {
+            counters.insert(key.clone(), after);
+        }
     }
     if !c.averages.is_empty() {
         if let Err(key) = queries::write_averages(tx, &c.averages, writes)? {
@@ -808,7 +812,15 @@ fn apply_coalesced(
         let duplicates = coalesce_fresh(events, &dup, &mut all);
         out.requests.push(RequestOutcome::Applied { duplicates });
     }
-    if write_coalesced(&tx, &all, &mut out.counters, &mut out.store_writes)?.is_err() {
+    if write_coalesced(
+        &tx,
+        &all,
+        &batch.wanted,
+        &mut out.counters,
+        &mut out.store_writes,
+    )?
+    .is_err()
+    {
         return Ok(None);
     }
     tx.commit().map_err(internal)?;
@@ -834,7 +846,13 @@ fn apply_one_by_one(
         let mut mine = Coalesced::default();
         let duplicates = coalesce_fresh(events, &dup, &mut mine);
         let mut counters = HashMap::new();
-        match write_coalesced(&sp, &mine, &mut counters, &mut out.store_writes)? {
+        match write_coalesced(
+            &sp,
+            &mine,
+            &batch.wanted,
+            &mut counters,
+            &mut out.store_writes,
+        )? {
             Ok(()) => {
                 sp.commit().map_err(internal)?;
                 out.counters.extend(counters);
@@ -1077,6 +1095,61 @@ mod tests {
     use super::*;
 
     const DAY: i64 = 21_974; // 2030-03-01
+
+    fn memory_db() -> Connection {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(SCHEMA).unwrap();
+        c.execute_batch(queries::SCHEMA_V2).unwrap();
+        c.execute_batch(rollup::SCHEMA_V3).unwrap();
+        c
+    }
+
+    fn inc(uuid: &str, delta: i64) -> Increment {
+        Increment {
+            key: CounterKey::new("VIDEO", "VIEW", uuid).unwrap(),
+            delta,
+            category: Some("news".into()),
+            ts_ms: DAY * 86_400_000,
+            day: DAY,
+            id: None,
+            kind: crate::domain::Kind::Counter,
+        }
+    }
+
+    /// Batches ask for no counter: a flush builds the state after it only
+    /// for the keys a request wanted, on both of its paths.
+    #[test]
+    fn a_flush_reads_back_only_the_wanted_counters() {
+        let mut c = memory_db();
+        let key = |u: &str| CounterKey::new("VIDEO", "VIEW", u).unwrap();
+        let batch = WriteBatch {
+            requests: vec![vec![inc("a", 1), inc("b", 2)], vec![inc("a", 3)]],
+            wanted: [key("a")].into(),
+        };
+        let out = apply_coalesced(&mut c, &batch, DAY * 86_400_000, 1000)
+            .unwrap()
+            .unwrap();
+        assert_eq!(out.counters.len(), 1, "{:?}", out.counters);
+        assert_eq!(out.counters[&key("a")].value, 4);
+        assert_eq!(out.counters[&key("a")].category.as_deref(), Some("news"));
+        let none = WriteBatch {
+            wanted: Default::default(),
+            ..batch
+        };
+        let out = apply_coalesced(&mut c, &none, DAY * 86_400_000, 1000)
+            .unwrap()
+            .unwrap();
+        assert!(out.counters.is_empty(), "{:?}", out.counters);
+        // The overflow path, request by request, keeps to the wanted keys too.
+        let batch = WriteBatch {
+            requests: vec![vec![inc("b", i64::MAX)], vec![inc("a", 1), inc("b", 1)]],
+            wanted: [key("a")].into(),
+        };
+        let out = apply_one_by_one(&mut c, &batch, DAY * 86_400_000, 1000).unwrap();
+        assert_eq!(out.requests[0], RequestOutcome::Overflow { key: key("b") });
+        assert_eq!(out.counters.len(), 1, "{:?}", out.counters);
+        assert_eq!(out.counters[&key("a")].value, 9);
+    }
 
     /// Totals still anchored 100 days back (the server was down) roll
     /// forward a day at a time, reading each day that leaves the year from

@@ -3,7 +3,7 @@
 //! result classified, only failed retryable items resent; overflow undone
 //! and replayed request by request; deletes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use elasticsearch::http::Method;
@@ -60,11 +60,11 @@ impl ElasticsearchStore {
             .collect();
         let runs = runs_by_id_events(&ids, MAX_ID_EVENTS_PER_PLAN);
         if runs.len() <= 1 {
-            return self.apply_run(&batch.requests).await;
+            return self.apply_run(&batch.requests, &batch.wanted).await;
         }
         let mut out = BatchOutcome::default();
         for run in runs {
-            let part = self.apply_run(&batch.requests[run]).await?;
+            let part = self.apply_run(&batch.requests[run], &batch.wanted).await?;
             out.requests.extend(part.requests);
             out.counters.extend(part.counters);
             out.store_writes += part.store_writes;
@@ -72,7 +72,11 @@ impl ElasticsearchStore {
         Ok(out)
     }
 
-    async fn apply_run(&self, batch: &[Vec<Increment>]) -> Result<BatchOutcome, StoreError> {
+    async fn apply_run(
+        &self,
+        batch: &[Vec<Increment>],
+        wanted: &HashSet<CounterKey>,
+    ) -> Result<BatchOutcome, StoreError> {
         let settings = self.settings(self.clock.now_ms());
         let requests: Vec<&[Increment]> = batch.iter().map(Vec::as_slice).collect();
         let mut out = BatchOutcome::default();
@@ -81,7 +85,7 @@ impl ElasticsearchStore {
             out.store_writes += sent;
             if !results.iter().any(is_overflow) {
                 out.requests = outcomes(&plan, &results);
-                counters_after(&plan, &results, &mut out.counters);
+                counters_after(&plan, &results, wanted, &mut out.counters);
                 return Ok(out);
             }
             if results
@@ -136,7 +140,7 @@ impl ElasticsearchStore {
                             }
                         }
                     } else {
-                        counters_after(&plan, &results, &mut out.counters);
+                        counters_after(&plan, &results, wanted, &mut out.counters);
                         outcomes(&plan, &results).remove(0)
                     }
                 }
@@ -429,10 +433,20 @@ fn outcomes(plan: &Plan, results: &[ItemResult]) -> Vec<RequestOutcome> {
         .collect()
 }
 
-/// The counters as the cluster answered them after their update.
-fn counters_after(plan: &Plan, results: &[ItemResult], into: &mut HashMap<CounterKey, Counter>) {
+/// The wanted counters as the cluster answered them after their update
+/// (the bulk's `get` fields, which every item still returns: its skipped
+/// events are read from them).
+fn counters_after(
+    plan: &Plan,
+    results: &[ItemResult],
+    wanted: &HashSet<CounterKey>,
+    into: &mut HashMap<CounterKey, Counter>,
+) {
+    if wanted.is_empty() {
+        return;
+    }
     for (w, r) in plan.writes.iter().zip(results) {
-        if w.target == Target::Counter && r.class == ItemClass::Done {
+        if w.target == Target::Counter && r.class == ItemClass::Done && wanted.contains(&w.key) {
             if let Some(c) = r.source.as_ref().and_then(response::counter_from_source) {
                 into.insert(w.key.clone(), c);
             }
