@@ -48,7 +48,7 @@ pub struct PipelineConfig {
 /// Default of `--queue-bytes`: 256 MiB.
 pub const DEFAULT_QUEUE_BYTES: usize = 256 * 1024 * 1024;
 /// Default of `--tenant-queue-share`, in percent.
-pub const DEFAULT_TENANT_QUEUE_SHARE: u8 = 25;
+pub const DEFAULT_TENANT_QUEUE_SHARE: u8 = 50;
 
 impl Default for PipelineConfig {
     fn default() -> Self {
