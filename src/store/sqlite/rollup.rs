@@ -362,8 +362,8 @@ pub(super) fn quick(conn: &Connection, today: i64) -> Result<bool, StoreError> {
 
 /// One bounded step, in one transaction: folds up to `rows` log rows (or,
 /// past [`REBUILD_BACKLOG`] when that is cheaper, rebuilds every window
-/// from the buckets); if that empties the log, moves the first window not
-/// yet ending on `today` by one chunk. A clock that went back (`today`
+/// from the buckets); if that empties the log, moves each window not yet
+/// ending on `today` by one chunk. A clock that went back (`today`
 /// before an anchor) moves nothing: queries then fall back to summing buckets.
 pub(super) fn step(conn: &mut Connection, today: i64, rows: usize) -> Result<Progress, StoreError> {
     step_with(conn, today, rows, true)
@@ -422,11 +422,9 @@ fn step_with(
         }
     }
     // The log is empty: buckets and totals agree, a day may move.
-    let moving = states
-        .iter()
-        .find(|s| s.cursor > 0 || s.anchor < today)
-        .copied();
-    if let Some(s) = moving {
+    // Each window moves by one chunk, so that a day change over few
+    // counters is one step for a query, not one per window.
+    for &s in states.iter().filter(|s| s.cursor > 0 || s.anchor < today) {
         if s.cursor == 0 && today - s.anchor >= s.len {
             // Every day of the window changes: summing it is cheaper than
             // rolling (for `last_day`, at every day change).
