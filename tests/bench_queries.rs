@@ -2,16 +2,22 @@
 //! (default 1,000,000) with a week of daily buckets (today and the 6 days
 //! before, so `last_week`) through `POST /v1/events`,
 //! then times top lists and reports, through the router and at the store.
+//! Windowed top lists are timed at the moments that differ: the first query
+//! right after the load, once the background has folded the load (and how
+//! long that took), and the first query after the day changes (the injected
+//! clock moved to 00:00:01 of the next day, then the background's roll).
 //! Ignored by default (it takes minutes and asserts nothing about time):
 //!
 //! `BENCH_COUNTERS=1000000 cargo test --release --test bench_queries -- --ignored --nocapture`
+//!
+//! `BENCH_WAIT_SECS` (default 600) bounds each wait for the background.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::Request;
-use counter_gateway::domain::{day_of, Clock, CounterKey, TimePolicy, Window};
+use counter_gateway::domain::{day_of, CounterKey, ManualClock, TimePolicy, Window};
 use counter_gateway::metrics::Metrics;
 use counter_gateway::pipeline::{Pipeline, PipelineConfig};
 use counter_gateway::store::sqlite::{Durability, SqliteStore};
@@ -39,6 +45,64 @@ fn report(name: &str, runs: &mut [Duration]) {
     );
 }
 
+/// Times one query of the store (the list must be full: the bench loads
+/// more than 100 counters).
+async fn timed(store: &dyn Store, q: &TopQuery) -> Duration {
+    let t = Instant::now();
+    let list = store.top(q).await.unwrap();
+    let took = t.elapsed();
+    assert_eq!(list.entries.len(), q.size);
+    took
+}
+
+/// The first `n` queries one by one, each printed: the first pays for
+/// whatever is not folded yet, the next show whether it stays paid.
+async fn first_queries(store: &dyn Store, q: &TopQuery, moment: &str, n: usize) {
+    for i in 1..=n {
+        let took = timed(store, q).await;
+        println!(
+            "{:<44} {:>9.3} ms",
+            format!("store.top last_week {moment} #{i}"),
+            took.as_secs_f64() * 1e3
+        );
+    }
+}
+
+/// Waits (up to `BENCH_WAIT_SECS`) until the change log is empty and every
+/// window ends on `today` with no roll under way, reading the database
+/// file on its own connection (no query of the store, which would fold
+/// itself); prints how long the background took.
+async fn wait_for_background(db: &std::path::Path, today: i64, what: &str) {
+    let limit: u64 = std::env::var("BENCH_WAIT_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(600);
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let started = Instant::now();
+    loop {
+        let (log, behind): (i64, i64) = conn
+            .query_row(
+                "SELECT (SELECT count(*) FROM bucket_log),
+                        (SELECT count(*) FROM window_state WHERE anchor <> ?1 OR cursor <> 0)",
+                [today],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        if log == 0 && behind == 0 {
+            println!(
+                "background {what} in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        if started.elapsed() > Duration::from_secs(limit) {
+            println!("background {what}: not done after {limit} s ({log} log rows, {behind} windows behind)");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: minutes of load; run with --ignored --nocapture"]
 async fn query_timings_at_a_million_counters() {
@@ -47,22 +111,26 @@ async fn query_timings_at_a_million_counters() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
     let dir = tempfile::tempdir().unwrap();
+    // The wall time at start, standing still until the day change below.
+    let now = chrono::Utc::now();
+    let clock = ManualClock::new(now);
     let store: Arc<dyn Store> = Arc::new(
         SqliteStore::open(
             dir.path(),
             Durability::Relaxed,
             Duration::from_secs(3600),
             TimePolicy::default().retention_days,
-            Clock::system(),
+            clock.clock(),
         )
         .unwrap(),
     );
+    let db = dir.path().join("counters.sqlite3");
     // To measure what read indexes cost the write path, load without them
     // (`BENCH_DROP_INDEXES=counters_top,counters_by_recorded`); only the load is timed then.
     let dropped = std::env::var("BENCH_DROP_INDEXES").unwrap_or_default();
     let without_indexes = !dropped.is_empty();
     if without_indexes {
-        let conn = rusqlite::Connection::open(dir.path().join("counters.sqlite3")).unwrap();
+        let conn = rusqlite::Connection::open(&db).unwrap();
         for index in dropped.split(',') {
             conn.execute_batch(&format!("DROP INDEX {index}")).unwrap();
         }
@@ -74,13 +142,11 @@ async fn query_timings_at_a_million_counters() {
         store: store.clone(),
         pipeline,
         time_policy: TimePolicy::default(),
-        // A benchmark, not a test: it times real days on the wall clock.
-        clock: Clock::system(),
+        clock: clock.clock(),
         limits: Limits::default(),
         metrics,
     });
 
-    let now = chrono::Utc::now();
     let started = Instant::now();
     let mut sent = 0usize;
     // Days today-6..=today: the week queried below is exactly `last_week`
@@ -161,15 +227,10 @@ async fn query_timings_at_a_million_counters() {
             top(Some(week), Some("c3")),
         ),
     ];
-    // The first windowed query catches up whatever the background roll-up
-    // has not applied yet of the load: timed on its own.
-    let t = Instant::now();
-    store.top(&top(Some(week), None)).await.unwrap();
-    println!(
-        "{:<44} {:>9.3} ms",
-        "store.top last_week first (catch-up)",
-        t.elapsed().as_secs_f64() * 1e3
-    );
+    // The first windowed queries see whatever the background has not
+    // folded yet of the load: timed one by one, before any wait.
+    first_queries(&*store, &top(Some(week), None), "after load", 3).await;
+    wait_for_background(&db, today, "folded the load").await;
     for (name, q) in &cases {
         let runs_wanted = if q.window.is_some() { 10 } else { 50 };
         let mut runs = Vec::new();
@@ -256,4 +317,20 @@ async fn query_timings_at_a_million_counters() {
         }
         report(&format!("http GET {path}"), &mut runs);
     }
+
+    // Midnight: the clock moves to the next day, 00:00:01; `last_week` is
+    // now tomorrow's week (the first day of the load left it).
+    let tomorrow = today + 1;
+    clock.set(chrono::DateTime::from_timestamp(tomorrow * 86_400 + 1, 0).unwrap());
+    let next_week = Window {
+        from_day: tomorrow - DAYS + 1,
+        to_day: tomorrow,
+    };
+    first_queries(&*store, &top(Some(next_week), None), "after midnight", 3).await;
+    wait_for_background(&db, tomorrow, "rolled the windows").await;
+    let mut runs = Vec::new();
+    for _ in 0..10 {
+        runs.push(timed(&*store, &top(Some(next_week), None)).await);
+    }
+    report("store.top last_week size=100 (rolled)", &mut runs);
 }

@@ -824,3 +824,48 @@ async fn a_window_past_i64_answers_exactly_over_http() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert!(r.text.contains(&format!("\"value\":{max}")), "{}", r.text);
 }
+
+/// After midnight over a few counters, the first windowed query rolls every
+/// window itself and answers from the kept totals: all four move in the
+/// same short steps (one chunk each), not one window per step.
+#[tokio::test]
+async fn the_first_query_after_midnight_rolls_every_window_when_few_counters_move() {
+    let t = t0();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, clock) = open(dir.path(), t);
+    write(
+        &store,
+        vec![
+            inc("a", t - 6, 5, None),
+            inc("b", t, 3, None),
+            inc("c", t - 200, 9, None),
+        ],
+    )
+    .await;
+    store.catch_up().await.unwrap();
+    clock.set_day(t + 1);
+    let week = store
+        .top(&TopQuery {
+            entity: "VIDEO".into(),
+            action: "VIEW".into(),
+            window: Some(Window {
+                from_day: t + 1 - 6,
+                to_day: t + 1,
+            }),
+            category: None,
+            size: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(pairs(&week.entries), list(&[("b", 3)]));
+    let conn = rusqlite::Connection::open(dir.path().join("counters.sqlite3")).unwrap();
+    let behind: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM window_state WHERE anchor <> ?1 OR cursor <> 0",
+            [t + 1],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(behind, 0, "windows left behind by the first query");
+    assert_eq!(kept_rows(dir.path(), 365), 3);
+}

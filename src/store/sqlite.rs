@@ -1027,8 +1027,7 @@ impl Store for SqliteStore {
         // When that would take more than a few steps (a bulk load not yet
         // folded, a day change over many counters), summing the window's
         // buckets is exact too and bounded: the query never waits on folding.
-        let backlog = self.with_reader(rollup::backlog).await?;
-        if backlog > (QUERY_MAX_STEPS * rollup::QUERY_STEP_ROWS) as i64 {
+        if !self.with_reader(move |c| rollup::quick(c, today)).await? {
             return self.with_reader(move |c| queries::top(c, &query)).await;
         }
         let mut until = None;

@@ -35,6 +35,12 @@ use crate::domain::Clock;
 /// query catches up the rest itself.
 const ROLLUP_EVERY: Duration = Duration::from_millis(500);
 const ROLLUP_BUDGET: Duration = Duration::from_millis(50);
+/// A store with no flush for [`ROLLUP_QUIET_MS`] whose roll-up is not done
+/// (a backlog, a day change over many counters) gets its next turn this
+/// soon instead: the writer is free, and windowed lists are summed from
+/// buckets until the roll-up is done. A flush still waits at most one
+/// [`ROLLUP_BUDGET`].
+const ROLLUP_AGAIN: Duration = Duration::from_millis(20);
 /// The roll-up skips its turn while flushes came this recently: folding
 /// competes with them for the writer and the CPU (measured: a quarter to a
 /// half of the load rate), so under sustained writes a windowed query folds
@@ -198,6 +204,7 @@ fn turn(e: &mut Entry) -> bool {
     let Some(writer) = e.job.writer.upgrade() else {
         return false;
     };
+    let mut hurry = false;
     if !e.still_quiet() {
         let conn = match writer.try_lock() {
             Ok(conn) => conn,
@@ -214,18 +221,19 @@ fn turn(e: &mut Entry) -> bool {
         };
         e.busy = 0;
         let mut conn = conn;
-        e.quiet = work(&e.job, &mut conn, &mut e.expired_since_count);
+        e.quiet = work(&e.job, &mut conn, &mut e.expired_since_count, &mut hurry);
     }
     drop(writer);
     e.count_ids_if_changed();
-    e.due = Instant::now() + ROLLUP_EVERY;
+    e.due = Instant::now() + if hurry { ROLLUP_AGAIN } else { ROLLUP_EVERY };
     true
 }
 
 /// The work of a full turn, with the writer held (as a flush holds it: the
 /// last write read here is exact). Returns the conditions of a quiet store
 /// when there was nothing to do.
-fn work(job: &Job, conn: &mut Connection, expired: &mut bool) -> Option<Quiet> {
+/// `hurry` is set when the roll-up ran without flushes coming and is not done.
+fn work(job: &Job, conn: &mut Connection, expired: &mut bool, hurry: &mut bool) -> Option<Quiet> {
     let write_ms = job.idle.last_write_ms();
     let today = job.clock.today();
     let mut nothing_to_do = true;
@@ -251,9 +259,19 @@ fn work(job: &Job, conn: &mut Connection, expired: &mut bool) -> Option<Quiet> {
     }
     let busy = job.idle.quiet_for_ms() < ROLLUP_QUIET_MS;
     if !busy || rollup::backlog(conn).unwrap_or(0) >= ROLLUP_MAX_BACKLOG {
-        match rollup::run_for(conn, today, ROLLUP_BUDGET) {
+        // A bulk backlog is rebuilt from the buckets only once flushes have
+        // stopped: the rebuild is one long hold of the writer.
+        let run = if busy {
+            rollup::run_for_folding
+        } else {
+            rollup::run_for
+        };
+        match run(conn, today, ROLLUP_BUDGET) {
             Ok(p) if p.pending_from.is_none() && p.rolled => {}
-            Ok(_) => nothing_to_do = false,
+            Ok(_) => {
+                nothing_to_do = false;
+                *hurry = !busy;
+            }
             Err(e) => {
                 tracing::warn!("window roll-up step failed (queries catch up themselves): {e}");
                 nothing_to_do = false;

@@ -8,13 +8,20 @@
 //!   `bucket_log`, at the right edge of a rowid table: a few pages per flush,
 //!   so the increment path stays as cheap as before.
 //! - The roll-up, run in the writer connection (so serialised with flushes),
-//!   folds the log into `window_sums` in bounded steps, summing a step's
-//!   log rows per (window, counter) in memory first so a hot counter costs
-//!   one index update per step, not one per flush.
+//!   folds the log into `window_sums` in bounded steps, set-based: one
+//!   statement per window sums a step's log rows per counter and upserts
+//!   the sums in counter order, so a hot counter costs one index update per
+//!   step, not one per flush, and no row crosses into Rust.
+//! - A backlog of a bulk load is not folded: past [`REBUILD_BACKLOG`] rows
+//!   (and a quarter of the year's buckets) every window is rebuilt from the
+//!   buckets, the top index dropped and built again by one sort; summing a
+//!   bucket costs a fraction of folding a log row into every window.
 //! - When the UTC day changes each window moves by one day at a time, in
 //!   chunks of counters (`window_state.cursor`): counters up to the cursor
 //!   already sit at `anchor + 1`, the others at `anchor`. The day that leaves
-//!   is read from `buckets` by day (a range of its primary key).
+//!   is read from `buckets` by day (a range of its primary key), a chunk at
+//!   a time in three statements. A window whose every day changes
+//!   (`last_day` at each midnight) is summed again instead.
 //! - A counter is in a window's totals exactly when it has a bucket inside
 //!   the window (today's rule of windowed lists), even when the sum is 0.
 //! - A total is kept in two integers, `hi · 2^62 + lo` with `0 <= lo < 2^62`:
@@ -34,7 +41,6 @@
 //! or after a window's start as `window_state` has it, since a roll that
 //! lags behind the clock still reads the day that leaves from `buckets`.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -78,6 +84,11 @@ CREATE TABLE IF NOT EXISTS window_state (
 );
 ";
 
+/// The top index of `window_sums` (as in [`SCHEMA_V3`]), built again after
+/// [`rebuild_all`].
+const TOP_INDEX: &str = "CREATE INDEX IF NOT EXISTS window_sums_top
+    ON window_sums (win, entity, action, hi DESC, lo DESC, uuid)";
+
 /// Log rows or bucket rows handled by one step of a query's catch-up: about
 /// a hundred milliseconds of the writer, short enough for flushes to
 /// interleave, long enough to amortise a step's fixed costs.
@@ -91,25 +102,18 @@ pub(super) const BACKGROUND_STEP_ROWS: usize = 2_000;
 /// The low part of a kept total: `LO_BITS` bits, so two of them add
 /// without leaving i64.
 const LO_BITS: u32 = 62;
-const LO_MASK: i64 = (1 << LO_BITS) - 1;
-
-/// `v` as the kept pair `(hi, lo)`. `hi` fits i64 for any sum of fewer
-/// than 2^61 values of i64 (a step folds at most `QUERY_STEP_ROWS`).
-pub(super) fn split(v: i128) -> (i64, i64) {
-    let hi = i64::try_from(v >> LO_BITS).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX });
-    (hi, (v & i128::from(LO_MASK)) as i64)
-}
 
 /// The value of a kept pair, or of the columns of [`split_sum`].
 pub(super) fn join(hi: i64, lo: i64) -> i128 {
     (i128::from(hi) << LO_BITS) + i128::from(lo)
 }
 
-/// SQL for the columns `{name}hi, {name}lo` ([`split`]) of a sum of
+/// SQL for the columns `{name}hi, {name}lo` (`hi · 2^62 + lo`, [`join`]) of a sum of
 /// buckets, exact past i64 where `sum()` fails: `h` and `l` name the sums
 /// of the values' high and low 32-bit halves (`sum(value >> 32)`,
 /// `sum(value & 4294967295)`), carried here into the pair; exact for a
-/// group of fewer than 2^30 rows (one counter's days: at most a few hundred).
+/// group of fewer than 2^30 rows (one counter's days, or its log rows in one
+/// step: at most a few thousand).
 pub(super) fn split_sum(h: &str, l: &str, name: &str) -> String {
     format!(
         "({h} >> 30) + (((({h} & 1073741823) << 32) + {l}) >> 62) AS {name}hi,
@@ -134,18 +138,6 @@ struct State {
     len: i64,
     anchor: i64,
     cursor: i64,
-}
-
-impl State {
-    /// Whether `day` lies in this window for counter `cid`.
-    fn contains(&self, cid: i64, day: i64) -> bool {
-        let end = if self.cursor > 0 && cid <= self.cursor {
-            self.anchor + 1
-        } else {
-            self.anchor
-        };
-        day <= end && day > end - self.len
-    }
 }
 
 fn load_states(conn: &Connection) -> Result<Vec<State>, StoreError> {
@@ -218,38 +210,6 @@ fn rebuild(tx: &Connection, len: i64, today: i64) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Adds `delta` to a counter's total in window `len`, creating the row (the
-/// counter now has a bucket in the window). A counter deleted meanwhile is
-/// skipped: the `SELECT` finds nothing. The carry out of `lo` goes to `hi`
-/// (the `SET` expressions all read the row as it was).
-fn add(tx: &Connection, len: i64, cid: i64, delta: i128) -> Result<(), StoreError> {
-    let (hi, lo) = split(delta);
-    tx.prepare_cached(
-        "INSERT INTO window_sums (win, cid, entity, action, uuid, hi, lo)
-         SELECT ?1, cid, entity, action, uuid, ?3, ?4 FROM counters WHERE cid = ?2
-         ON CONFLICT (win, cid) DO UPDATE SET
-             hi = hi + excluded.hi + ((lo + excluded.lo) >> 62),
-             lo = (lo + excluded.lo) & 4611686018427387903",
-    )
-    .and_then(|mut s| s.execute(params![len, cid, hi, lo]))
-    .map_err(internal)?;
-    Ok(())
-}
-
-/// Subtracts `value` from a counter's total in window `len`, if it has one.
-fn sub(tx: &Connection, len: i64, cid: i64, value: i64) -> Result<(), StoreError> {
-    let (hi, lo) = split(-i128::from(value));
-    tx.prepare_cached(
-        "UPDATE window_sums SET
-             hi = hi + ?3 + ((lo + ?4) >> 62),
-             lo = (lo + ?4) & 4611686018427387903
-         WHERE win = ?1 AND cid = ?2",
-    )
-    .and_then(|mut s| s.execute(params![len, cid, hi, lo]))
-    .map_err(internal)?;
-    Ok(())
-}
-
 /// Where the roll-up stands after a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Progress {
@@ -284,41 +244,187 @@ pub(super) fn last_seq(conn: &Connection) -> Result<i64, StoreError> {
     .map_err(internal)
 }
 
-/// One bounded step, in one transaction: folds up to `rows` log rows;
-/// if that empties the log, moves the first window not yet ending on `today`
-/// by one chunk. A clock that went back (`today` before an anchor) moves
-/// nothing: queries then fall back to summing buckets.
+/// Past this many log rows, and once they are at least a quarter of the
+/// year's buckets, a step rebuilds every window from the buckets instead of
+/// folding: summing a bucket costs a fraction of the index update that
+/// folding a log row into each window it falls in costs (measured in the
+/// README), so after a bulk load the rebuild wins.
+pub(super) const REBUILD_BACKLOG: i64 = 200_000;
+
+/// Whether `day` lies in a window for counter `cid` (columns), the window's
+/// state as the parameters `?2` (len), `?3` (anchor), `?4` (cursor):
+/// counters up to the cursor of a roll under way end at `anchor + 1`.
+const IN_WINDOW: &str = "day <= (CASE WHEN ?4 > 0 AND cid <= ?4 THEN ?3 + 1 ELSE ?3 END)
+     AND day > (CASE WHEN ?4 > 0 AND cid <= ?4 THEN ?3 + 1 ELSE ?3 END) - ?2";
+
+/// Folds the log rows up to `last` into window `s`, set-based: one
+/// statement sums them per counter (in 32-bit halves, exact past i64) and
+/// upserts the sums in counter order, so neighbouring updates share pages
+/// and a hot counter costs one update per step, not one per flush.
+fn fold(tx: &Connection, s: State, last: i64) -> Result<(), StoreError> {
+    tx.prepare_cached(&format!(
+        "INSERT INTO window_sums (win, cid, entity, action, uuid, hi, lo)
+         SELECT ?2, c.cid, c.entity, c.action, c.uuid, s.hi, s.lo
+         FROM (SELECT cid, {} FROM (
+                   SELECT cid, sum(delta >> 32) AS h, sum(delta & 4294967295) AS l
+                   FROM bucket_log WHERE seq <= ?1 AND {IN_WINDOW} GROUP BY cid)) s
+         JOIN counters c ON c.cid = s.cid WHERE true
+         ON CONFLICT (win, cid) DO UPDATE SET
+             hi = hi + excluded.hi + ((lo + excluded.lo) >> 62),
+             lo = (lo + excluded.lo) & 4611686018427387903",
+        split_sum("h", "l", "")
+    ))
+    .and_then(|mut st| st.execute(params![last, s.len, s.anchor, s.cursor]))
+    .map_err(internal)?;
+    Ok(())
+}
+
+/// Whether the log is large enough, against the buckets a rebuild reads
+/// (about the year's), that rebuilding every window is cheaper than
+/// folding. The year's buckets are bounded from above without reading them:
+/// the highest counter id times the days of the year that have buckets
+/// (one index seek per such day), so the check costs at most 365 seeks.
+fn rebuild_pays(tx: &Connection, backlog: i64, today: i64) -> Result<bool, StoreError> {
+    if backlog < REBUILD_BACKLOG {
+        return Ok(false);
+    }
+    let counters: i64 = tx
+        .query_row("SELECT coalesce(max(cid), 0) FROM counters", [], |r| {
+            r.get(0)
+        })
+        .map_err(internal)?;
+    let mut next = tx
+        .prepare_cached("SELECT min(day) FROM buckets WHERE day > ?1 AND day <= ?2")
+        .map_err(internal)?;
+    let (mut day, mut days) = (today - 365, 0i64);
+    while let Some(d) = next
+        .query_row(params![day, today], |r| r.get::<_, Option<i64>>(0))
+        .map_err(internal)?
+    {
+        (day, days) = (d, days + 1);
+    }
+    Ok(backlog.saturating_mul(4) >= counters.saturating_mul(days))
+}
+
+/// Rebuilds every window from the buckets, ending on `today`, and empties
+/// the log (the buckets hold each delta it carries). The top index is
+/// dropped first and built again after: one sort instead of an insert at a
+/// random place per row.
+fn rebuild_all(tx: &Connection, today: i64) -> Result<(), StoreError> {
+    tx.execute_batch("DELETE FROM window_sums; DROP INDEX IF EXISTS window_sums_top;")
+        .map_err(internal)?;
+    for len in lengths() {
+        rebuild(tx, len, today)?;
+    }
+    tx.execute_batch(&format!("{TOP_INDEX}; DELETE FROM bucket_log;"))
+        .map_err(internal)?;
+    Ok(())
+}
+
+/// At most this many log rows, plus buckets of the days a roll reads, are
+/// brought up to date by a query itself before it walks the totals; past
+/// that it sums the window's buckets, which is exact too and costs about
+/// as much as folding this many rows (measured in the README).
+pub(super) const QUERY_CATCH_UP_ROWS: i64 = 3 * QUERY_STEP_ROWS as i64;
+
+/// Whether the totals are at most [`QUERY_CATCH_UP_ROWS`] of work away
+/// from today: the log rows waiting, and the buckets that rolling each
+/// window to `today` reads (counted up to the bound, so this stays cheap).
+pub(super) fn quick(conn: &Connection, today: i64) -> Result<bool, StoreError> {
+    let tx = conn.unchecked_transaction().map_err(internal)?;
+    let mut work = backlog(&tx)?;
+    let mut count = tx
+        .prepare_cached(
+            "SELECT count(*) FROM (SELECT 1 FROM buckets
+             WHERE day BETWEEN ?1 AND ?2 AND cid > ?3 LIMIT ?4)",
+        )
+        .map_err(internal)?;
+    let mut counted = |from: i64, to: i64, after: i64, work: i64| -> Result<i64, StoreError> {
+        count
+            .query_row(
+                params![from, to, after, QUERY_CATCH_UP_ROWS - work + 1],
+                |r| r.get(0),
+            )
+            .map_err(internal)
+    };
+    for s in load_states(&tx)? {
+        if work > QUERY_CATCH_UP_ROWS {
+            break;
+        }
+        if s.anchor > today || (s.anchor == today && s.cursor == 0) {
+            continue;
+        }
+        if s.cursor == 0 && today - s.anchor >= s.len {
+            work += counted(today - s.len + 1, today, 0, work)?;
+            continue;
+        }
+        // One roll per day moved: the day that leaves and the day that enters.
+        for d in s.anchor + 1..=today {
+            let after = if d == s.anchor + 1 { s.cursor } else { 0 };
+            for day in [d - s.len, d] {
+                if work <= QUERY_CATCH_UP_ROWS {
+                    work += counted(day, day, after, work)?;
+                }
+            }
+        }
+    }
+    Ok(work <= QUERY_CATCH_UP_ROWS)
+}
+
+/// One bounded step, in one transaction: folds up to `rows` log rows (or,
+/// past [`REBUILD_BACKLOG`] when that is cheaper, rebuilds every window
+/// from the buckets); if that empties the log, moves each window not yet
+/// ending on `today` by one chunk. A clock that went back (`today`
+/// before an anchor) moves nothing: queries then fall back to summing buckets.
 pub(super) fn step(conn: &mut Connection, today: i64, rows: usize) -> Result<Progress, StoreError> {
-    let step_rows = rows;
+    step_with(conn, today, rows, true)
+}
+
+/// [`step`], rebuilding only if `may_rebuild`: a rebuild holds the writer
+/// for seconds at hundreds of thousands of counters, which flushes under
+/// way must not wait for.
+fn step_with(
+    conn: &mut Connection,
+    today: i64,
+    rows: usize,
+    may_rebuild: bool,
+) -> Result<Progress, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(internal)?;
     let states = load_states(&tx)?;
-    let rows: Vec<(i64, i64, i64, i64)> = {
-        let mut s = tx
-            .prepare_cached("SELECT seq, cid, day, delta FROM bucket_log ORDER BY seq LIMIT ?1")
-            .map_err(internal)?;
-        let rows = s
-            .query_map([step_rows as i64], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-            })
-            .map_err(internal)?;
-        rows.collect::<Result<_, _>>().map_err(internal)?
-    };
-    if let Some(&(last, ..)) = rows.last() {
-        // Sorted by (window, counter): neighbouring updates share pages.
-        let mut sums: BTreeMap<(i64, i64), i128> = BTreeMap::new();
-        for &(_, cid, day, delta) in &rows {
-            for s in states.iter().filter(|s| s.contains(cid, day)) {
-                *sums.entry((s.len, cid)).or_default() += i128::from(delta);
-            }
+    let (first, max): (Option<i64>, Option<i64>) = tx
+        .prepare_cached("SELECT min(seq), max(seq) FROM bucket_log")
+        .and_then(|mut st| st.query_row([], |r| Ok((r.get(0)?, r.get(1)?))))
+        .map_err(internal)?;
+    if let (Some(first), Some(max)) = (first, max) {
+        let forward = states.iter().all(|s| s.anchor <= today);
+        if may_rebuild && forward && rebuild_pays(&tx, max - first + 1, today)? {
+            let started = Instant::now();
+            rebuild_all(&tx, today)?;
+            tracing::info!(
+                log_rows = max - first + 1,
+                ms = started.elapsed().as_millis() as u64,
+                "window totals rebuilt from the buckets instead of folding a bulk backlog"
+            );
+            tx.commit().map_err(internal)?;
+            return Ok(Progress {
+                pending_from: None,
+                rolled: true,
+            });
         }
-        for ((len, cid), sum) in sums {
-            add(&tx, len, cid, sum)?;
+        // The `rows`-th row from the oldest, or the newest when fewer.
+        let nth: Option<i64> = tx
+            .prepare_cached("SELECT seq FROM bucket_log ORDER BY seq LIMIT 1 OFFSET ?1")
+            .and_then(|mut st| st.query_row([rows as i64 - 1], |r| r.get(0)).optional())
+            .map_err(internal)?;
+        let last = nth.unwrap_or(max);
+        for s in &states {
+            fold(&tx, *s, last)?;
         }
         tx.execute("DELETE FROM bucket_log WHERE seq <= ?1", [last])
             .map_err(internal)?;
-        if rows.len() == step_rows {
+        if last < max {
             tx.commit().map_err(internal)?;
             return Ok(Progress {
                 pending_from: Some(last + 1),
@@ -327,16 +433,15 @@ pub(super) fn step(conn: &mut Connection, today: i64, rows: usize) -> Result<Pro
         }
     }
     // The log is empty: buckets and totals agree, a day may move.
-    let moving = states
-        .iter()
-        .find(|s| s.cursor > 0 || s.anchor < today)
-        .copied();
-    if let Some(s) = moving {
-        if s.cursor == 0 && today - s.anchor > s.len {
-            // Every day of the window changes: summing is cheaper than rolling.
+    // Each window moves by one chunk, so that a day change over few
+    // counters is one step for a query, not one per window.
+    for &s in states.iter().filter(|s| s.cursor > 0 || s.anchor < today) {
+        if s.cursor == 0 && today - s.anchor >= s.len {
+            // Every day of the window changes: summing it is cheaper than
+            // rolling (for `last_day`, at every day change).
             rebuild(&tx, s.len, today)?;
         } else {
-            roll_chunk(&tx, s, step_rows)?;
+            roll_chunk(&tx, s, rows)?;
         }
     }
     let rolled = load_states(&tx)?
@@ -349,64 +454,81 @@ pub(super) fn step(conn: &mut Connection, today: i64, rows: usize) -> Result<Pro
     })
 }
 
-fn day_chunk(
+/// The cid of the `rows`-th bucket of `day` after counter `after`, if the
+/// day has that many: where a chunk of a roll ends.
+fn chunk_end(
     tx: &Connection,
     day: i64,
     after: i64,
-    upto: i64,
     rows: usize,
-) -> Result<Vec<(i64, i64)>, StoreError> {
-    let mut s = tx
-        .prepare_cached(
-            "SELECT cid, value FROM buckets WHERE day = ?1 AND cid > ?2 AND cid <= ?3
-             ORDER BY cid LIMIT ?4",
-        )
-        .map_err(internal)?;
-    let rows = s
-        .query_map(params![day, after, upto, rows as i64], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
-        .map_err(internal)?;
-    rows.collect::<Result<_, _>>().map_err(internal)
+) -> Result<Option<i64>, StoreError> {
+    tx.prepare_cached(
+        "SELECT cid FROM buckets WHERE day = ?1 AND cid > ?2 ORDER BY cid LIMIT 1 OFFSET ?3",
+    )
+    .and_then(|mut st| {
+        st.query_row(params![day, after, rows as i64 - 1], |r| r.get(0))
+            .optional()
+    })
+    .map_err(internal)
 }
 
 /// Moves window `s` from `anchor` to `anchor + 1` for the next chunk of
-/// counters (by cid): subtracts the day that leaves, adds the day that
-/// enters (buckets dated ahead of the anchor, within the clock skew, or days
-/// missed while the server was down), and drops the counters left with no
-/// bucket in the window.
+/// counters (by cid), set-based: subtracts the day that leaves, adds the
+/// day that enters (buckets dated ahead of the anchor, within the clock
+/// skew, or days missed while the server was down), and drops the counters
+/// left with no bucket in the window. A chunk ends where either day has
+/// `rows` buckets after the cursor.
 fn roll_chunk(tx: &Connection, s: State, rows: usize) -> Result<(), StoreError> {
     let leaving = s.anchor - s.len + 1;
     let entering = s.anchor + 1;
-    let mut leave = day_chunk(tx, leaving, s.cursor, i64::MAX, rows)?;
-    let mut hi = if leave.len() == rows {
-        leave.last().map_or(i64::MAX, |r| r.0)
-    } else {
-        i64::MAX
-    };
-    let enter = day_chunk(tx, entering, s.cursor, hi, rows)?;
-    if enter.len() == rows {
-        hi = enter.last().map_or(hi, |r| r.0);
-        leave.retain(|r| r.0 <= hi);
-    }
-    for &(cid, v) in &leave {
-        sub(tx, s.len, cid, v)?;
-    }
-    for &(cid, v) in &enter {
-        add(tx, s.len, cid, i128::from(v))?;
-    }
-    let mut drop_empty = tx
-        .prepare_cached(
-            "DELETE FROM window_sums WHERE win = ?1 AND cid = ?2 AND NOT EXISTS (
-                 SELECT 1 FROM buckets INDEXED BY buckets_by_counter
-                 WHERE cid = ?2 AND day BETWEEN ?3 AND ?4)",
-        )
-        .map_err(internal)?;
-    for &(cid, _) in &leave {
-        drop_empty
-            .execute(params![s.len, cid, entering - s.len + 1, entering])
-            .map_err(internal)?;
-    }
+    let hi = [leaving, entering]
+        .into_iter()
+        .map(|day| chunk_end(tx, day, s.cursor, rows))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(i64::MAX);
+    // (hi, lo) - split(value), the borrow taken from `hi` by the
+    // arithmetic shift of a negative `lo`.
+    tx.prepare_cached(
+        "UPDATE window_sums SET
+             hi = hi - (b.value >> 62) + ((lo - (b.value & 4611686018427387903)) >> 62),
+             lo = (lo - (b.value & 4611686018427387903)) & 4611686018427387903
+         FROM (SELECT cid, value FROM buckets WHERE day = ?2 AND cid > ?3 AND cid <= ?4) b
+         WHERE window_sums.win = ?1 AND window_sums.cid = b.cid",
+    )
+    .and_then(|mut st| st.execute(params![s.len, leaving, s.cursor, hi]))
+    .map_err(internal)?;
+    tx.prepare_cached(
+        "INSERT INTO window_sums (win, cid, entity, action, uuid, hi, lo)
+         SELECT ?1, c.cid, c.entity, c.action, c.uuid, b.value >> 62, b.value & 4611686018427387903
+         FROM buckets b JOIN counters c ON c.cid = b.cid
+         WHERE b.day = ?2 AND b.cid > ?3 AND b.cid <= ?4
+         ON CONFLICT (win, cid) DO UPDATE SET
+             hi = hi + excluded.hi + ((lo + excluded.lo) >> 62),
+             lo = (lo + excluded.lo) & 4611686018427387903",
+    )
+    .and_then(|mut st| st.execute(params![s.len, entering, s.cursor, hi]))
+    .map_err(internal)?;
+    tx.prepare_cached(
+        "DELETE FROM window_sums WHERE win = ?1 AND cid IN (
+             SELECT cid FROM buckets WHERE day = ?2 AND cid > ?3 AND cid <= ?4)
+           AND NOT EXISTS (
+             SELECT 1 FROM buckets b INDEXED BY buckets_by_counter
+             WHERE b.cid = window_sums.cid AND b.day BETWEEN ?5 AND ?6)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            s.len,
+            leaving,
+            s.cursor,
+            hi,
+            entering - s.len + 1,
+            entering
+        ])
+    })
+    .map_err(internal)?;
     let (anchor, cursor) = if hi == i64::MAX {
         (entering, 0)
     } else {
@@ -421,15 +543,34 @@ fn roll_chunk(tx: &Connection, s: State, rows: usize) -> Result<(), StoreError> 
 }
 
 /// Runs steps until the roll-up is current or `budget` is spent; for the
-/// background timer, so it never holds the writer long.
+/// background timer, so it never holds the writer long (but for a rebuild,
+/// which the background asks for only once flushes have stopped).
 pub(super) fn run_for(
     conn: &mut Connection,
     today: i64,
     budget: Duration,
 ) -> Result<Progress, StoreError> {
+    run_for_with(conn, today, budget, true)
+}
+
+/// [`run_for`] without rebuilding, for the background while flushes come.
+pub(super) fn run_for_folding(
+    conn: &mut Connection,
+    today: i64,
+    budget: Duration,
+) -> Result<Progress, StoreError> {
+    run_for_with(conn, today, budget, false)
+}
+
+fn run_for_with(
+    conn: &mut Connection,
+    today: i64,
+    budget: Duration,
+    may_rebuild: bool,
+) -> Result<Progress, StoreError> {
     let started = Instant::now();
     loop {
-        let p = step(conn, today, BACKGROUND_STEP_ROWS)?;
+        let p = step_with(conn, today, BACKGROUND_STEP_ROWS, may_rebuild)?;
         if (p.pending_from.is_none() && p.rolled) || started.elapsed() >= budget {
             return Ok(p);
         }
@@ -563,13 +704,16 @@ mod tests {
         .unwrap()
     }
 
-    /// The carry of `add` and `sub` in SQL, and the halves `rebuild` sums,
-    /// agree with i128 arithmetic around every edge of the pair: `lo` near 0
-    /// and 2^62, `hi` changing sign, sums far past i64 both ways.
+    /// The carries of the set-based fold (adding log deltas) and of the
+    /// roll (subtracting the day that leaves) agree with i128 arithmetic
+    /// around every edge of the pair: `lo` near 0 and 2^62, `hi` changing
+    /// sign, sums far past i64 both ways; and so do the halves `rebuild`
+    /// sums.
     #[test]
-    fn kept_pairs_add_exactly_around_their_edges() {
+    fn kept_pairs_add_and_subtract_exactly_around_their_edges() {
         let mut c = db();
         counter(&c, 1);
+        backfill(&mut c, DAY).unwrap();
         let (max, min, edge) = (i64::MAX, i64::MIN, 1i64 << 62);
         let deltas = [
             max,
@@ -590,30 +734,95 @@ mod tests {
             min,
             -7,
         ];
+        // Delta i on day DAY - i, folded from the log one at a time.
         let mut want = 0i128;
         for (i, &d) in deltas.iter().enumerate() {
-            let tx = c.transaction().unwrap();
-            match d.checked_neg() {
-                Some(minus) if i % 2 == 1 => sub(&tx, 7, 1, minus).unwrap(),
-                _ => add(&tx, 7, 1, i128::from(d)).unwrap(),
-            }
-            tx.commit().unwrap();
+            bump(&c, 1, DAY - i as i64, d);
+            step(&mut c, DAY, QUERY_STEP_ROWS).unwrap();
             want += i128::from(d);
-            assert_eq!(totals(&c, 7), [(1, want)], "after {i} deltas");
+            assert_eq!(totals(&c, 30), [(1, want)], "after {i} deltas");
             let lo: i64 = c
-                .query_row("SELECT lo FROM window_sums", [], |r| r.get(0))
+                .query_row("SELECT lo FROM window_sums WHERE win = 30", [], |r| {
+                    r.get(0)
+                })
                 .unwrap();
             assert!((0..edge).contains(&lo), "{lo}");
-            // The same values as one bucket each, summed by `rebuild`.
-            c.execute(
-                "INSERT INTO buckets (day, cid, value) VALUES (?1, 1, ?2)",
-                params![DAY - i as i64, d],
-            )
-            .unwrap();
             let tx = c.transaction().unwrap();
             rebuild(&tx, 30, DAY).unwrap();
             assert_eq!(totals(&tx, 30), [(1, want)], "rebuilt after {i}");
         }
+        // Day after day the month loses its oldest day, one delta each.
+        for k in 1..=30 {
+            let today = DAY + k;
+            while !step(&mut c, today, QUERY_STEP_ROWS).unwrap().reached(0) {}
+            let kept: i128 = deltas
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| DAY - (*i as i64) > today - 30)
+                .map(|(_, &d)| i128::from(d))
+                .sum();
+            let got = totals(&c, 30);
+            if kept == 0 && k == 30 {
+                assert!(got.is_empty(), "no bucket left in the month: {got:?}");
+            } else {
+                assert_eq!(got, [(1, kept)], "rolled {k} days");
+            }
+        }
+    }
+
+    /// A bulk load's backlog (past `REBUILD_BACKLOG`, most of the buckets)
+    /// is rebuilt from the buckets in one step, a roll under way included:
+    /// the log is emptied, every window ends on today, the totals are the
+    /// summed buckets and the top index is back.
+    #[test]
+    fn a_bulk_backlog_is_rebuilt_in_one_step() {
+        let mut c = db();
+        let n = REBUILD_BACKLOG / 4 + 10;
+        for cid in 1..=n {
+            counter(&c, cid);
+        }
+        bump(&c, 1, DAY - 20, 5);
+        backfill(&mut c, DAY - 1).unwrap();
+        // Half a day's roll done, then the load: four days of every counter.
+        c.execute("UPDATE window_state SET cursor = ?1 WHERE win = 7", [n / 2])
+            .unwrap();
+        let tx = c.transaction().unwrap();
+        for day in DAY - 3..=DAY {
+            for cid in 1..=n {
+                bump(&tx, cid, day, cid % 97 - 40);
+            }
+        }
+        tx.commit().unwrap();
+        let p = step(&mut c, DAY, BACKGROUND_STEP_ROWS).unwrap();
+        assert_eq!(
+            p,
+            Progress {
+                pending_from: None,
+                rolled: true
+            }
+        );
+        assert_eq!(backlog(&c).unwrap(), 0);
+        let states: Vec<(i64, i64)> = load_states(&c)
+            .unwrap()
+            .iter()
+            .map(|s| (s.anchor, s.cursor))
+            .collect();
+        assert_eq!(states, vec![(DAY, 0); 4]);
+        let index: i64 = c
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE name = 'window_sums_top'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(index, 1);
+        for len in lengths() {
+            let got = totals(&c, len);
+            let tx = c.transaction().unwrap();
+            rebuild(&tx, len, DAY).unwrap();
+            assert!(got == totals(&tx, len), "window {len}");
+        }
+        assert_eq!(totals(&c, 30)[0], (1, 5 + 4 * (1 - 40)));
     }
 
     /// Writes that arrive between two chunks of a roll count in the window
