@@ -770,59 +770,55 @@ async fn a_window_past_i64_answers_exactly_over_http() {
         "interval=last_week".to_string(),
         format!("from={yesterday}&to={today}"),
     ] {
-        let r = app.get(&format!("/v1/top/VIDEO/VIEW?{q}")).await;
-        assert_eq!(r.status, 200, "{q}: {}", r.text);
-        assert!(
-            r.text.contains(&format!("\"value\":{two}")),
-            "{q}: {}",
-            r.text
-        );
-        let r = app.get(&format!("/v1/top-averages/RATING/STARS?{q}")).await;
-        assert_eq!(r.status, 200, "{q}: {}", r.text);
-        assert!(
-            r.text.contains(&format!("\"sum\":{two},\"quantity\":2")),
-            "{q}: {}",
-            r.text
-        );
-        let at_uuid = |u: &str| r.text.find(&format!("\"uuid\":\"{u}\""));
+        let sum = format!("\"sum\":{two}");
+        answers_with(
+            &app,
+            &format!("/v1/top/VIDEO/VIEW?{q}"),
+            &format!("\"value\":{two}"),
+        )
+        .await;
+        let top = answers_with(
+            &app,
+            &format!("/v1/top-averages/RATING/STARS?{q}"),
+            &format!("{sum},\"quantity\":2"),
+        )
+        .await;
+        let at_uuid = |u: &str| top.find(&format!("\"uuid\":\"{u}\""));
         assert!(
             at_uuid("s") < at_uuid("t") && at_uuid("t").is_some(),
-            "{q}: {}",
-            r.text
+            "{q}: {top}"
         );
-        let r = app
-            .get(&format!("/v1/top-averages/RATING/STARS?{q}&min_quantity=2"))
-            .await;
-        assert_eq!(r.status, 200, "{q}: {}", r.text);
-        assert!(!r.text.contains("\"uuid\":\"t\""), "{q}: {}", r.text);
+        let two_or_more = answers_with(
+            &app,
+            &format!("/v1/top-averages/RATING/STARS?{q}&min_quantity=2"),
+            &sum,
+        )
+        .await;
         assert!(
-            r.text.contains(&format!("\"sum\":{two}")),
-            "{q}: {}",
-            r.text
+            !two_or_more.contains("\"uuid\":\"t\""),
+            "{q}: {two_or_more}"
         );
-        let r = app.get(&format!("/v1/averages/RATING/STARS/s?{q}")).await;
-        assert_eq!(r.status, 200, "{q}: {}", r.text);
-        assert!(
-            r.text.contains(&format!("\"sum\":{two}")),
-            "{q}: {}",
-            r.text
-        );
-        let r = app
-            .get(&format!(
-                "{}?{q}",
-                counter_path("VIDEO", "VIEW", "a", "/histogram")
-            ))
-            .await;
-        assert_eq!(r.status, 200, "{q}: {}", r.text);
-        assert!(
-            r.text.contains(&format!("\"total\":{two}")),
-            "{q}: {}",
-            r.text
-        );
+        answers_with(&app, &format!("/v1/averages/RATING/STARS/s?{q}"), &sum).await;
+        let histogram = counter_path("VIDEO", "VIEW", "a", "/histogram");
+        answers_with(
+            &app,
+            &format!("{histogram}?{q}"),
+            &format!("\"total\":{two}"),
+        )
+        .await;
     }
     let r = app.get("/v1/top/VIDEO/VIEW?interval=last_month").await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert!(r.text.contains(&format!("\"value\":{max}")), "{}", r.text);
+}
+
+/// GETs `path`, expects 200 and an answer whose text holds `needle` (the
+/// exact digits of a value past i64, which JSON numbers in `Value` lose).
+async fn answers_with(app: &common::TestApp, path: &str, needle: &str) -> String {
+    let r = app.get(path).await;
+    assert_eq!(r.status, 200, "{path}: {}", r.text);
+    assert!(r.text.contains(needle), "{path}: no {needle} in {}", r.text);
+    r.text
 }
 
 /// After midnight over a few counters, the first windowed query rolls every
