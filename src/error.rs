@@ -12,7 +12,7 @@ use crate::pipeline::SubmitError;
 use crate::store::StoreError;
 
 /// One bad event of a batch: where it is and what is wrong with it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct EventError {
     pub index: usize,
     pub reason: String,
@@ -105,17 +105,27 @@ impl ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
+/// Every refusal of the API.
+// `deny_unknown_fields` changes nothing in serializing: it tells the
+// OpenAPI schema that no other field ever appears.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Error)]
+pub(crate) struct ErrorJson<'a> {
+    #[schema(inline)]
     error: Inner<'a>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 struct Inner<'a> {
+    /// What went wrong, in one stable word: `invalid_request`, `not_found`, ...
     #[serde(rename = "type")]
     kind: &'static str,
     reason: String,
+    /// For a batch, every bad event.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(inline, nullable = false)]
     details: Option<&'a [EventError]>,
 }
 
@@ -139,7 +149,7 @@ impl IntoResponse for ApiError {
             ApiError::InvalidEvents(d) => Some(d.as_slice()),
             _ => None,
         };
-        let body = Body {
+        let body = ErrorJson {
             error: Inner {
                 kind: self.kind(),
                 reason,

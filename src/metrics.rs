@@ -1,36 +1,25 @@
 //! Operational counters, declared in one place and rendered for Prometheus.
 //!
-//! Requests are counted by matched route pattern (one of [`ROUTES`]), never
+//! Requests are counted by matched route pattern (one of [`routes`]), never
 //! by raw path, so a client cannot grow the set of series.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-/// Every route pattern of the API, as the router matches it.
-pub const ROUTES: &[&str] = &[
-    "/v1/counters/{entity}/{action}/{uuid}",
-    "/v1/counters/{entity}/{action}/{uuid}/increment",
-    "/v1/counters/{entity}/{action}/{uuid}/decrement",
-    "/v1/counters/{entity}/{action}/{uuid}/histogram",
-    "/v1/targets/{entity}/{uuid}/counters",
-    "/v1/events",
-    "/v1/top/{entity}/{action}",
-    "/v1/top-averages/{entity}/{action}",
-    "/v1/averages/{entity}/{action}/{uuid}",
-    "/v1/reports/stale",
-    "/v1/reports/unused",
-    "/healthz",
-    "/readyz",
-    "/metrics",
-    "/openapi.json",
-    "/dashboard",
-    "/dashboard/dashboard.js",
-    "/dashboard/dashboard.css",
-];
-/// The route label of requests no route matched.
-pub const UNMATCHED: usize = ROUTES.len();
-const ROUTE_LABELS: usize = ROUTES.len() + 1;
+/// Every route pattern of the API, as the router matches it, in the order of
+/// the table of routes (`crate::api::table`), read from it once: a route is
+/// labelled by the same table that routes and documents it, and the set of
+/// labels is fixed for the life of the process.
+pub fn routes() -> &'static [String] {
+    static ROUTES: OnceLock<Vec<String>> = OnceLock::new();
+    ROUTES.get_or_init(crate::api::openapi::route_patterns)
+}
+
+/// The route label of requests no route matched (any index past
+/// [`routes`] is counted as this one).
+pub const UNMATCHED: usize = usize::MAX;
 
 const METHODS: [&str; 4] = ["GET", "POST", "DELETE", "OTHER"];
 /// Statuses counted on their own; any other is counted as `other`.
@@ -46,11 +35,11 @@ const FLUSH_SIZE_BOUNDS: [f64; 7] = [1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6];
 /// Upper bounds of the flush duration buckets, in seconds.
 const FLUSH_SECONDS_BOUNDS: [f64; 9] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5];
 
-/// The index of a matched route pattern in [`ROUTES`].
+/// The index of a matched route pattern in [`routes`].
 pub fn route_index(pattern: &str) -> usize {
-    ROUTES
+    routes()
         .iter()
-        .position(|r| *r == pattern)
+        .position(|r| r == pattern)
         .unwrap_or(UNMATCHED)
 }
 
@@ -123,11 +112,12 @@ struct HttpMetrics {
 
 impl Default for HttpMetrics {
     fn default() -> Self {
+        let route_labels = routes().len() + 1;
         HttpMetrics {
-            requests: (0..ROUTE_LABELS * METHODS.len() * STATUSES.len())
+            requests: (0..route_labels * METHODS.len() * STATUSES.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            latency: (0..ROUTE_LABELS * METHODS.len())
+            latency: (0..route_labels * METHODS.len())
                 .map(|_| Histogram::new(&LATENCY_BOUNDS))
                 .collect(),
         }
@@ -190,7 +180,7 @@ impl Metrics {
             .iter()
             .position(|x| *x == status)
             .unwrap_or(STATUSES.len() - 1);
-        let rm = route.min(UNMATCHED) * METHODS.len() + m;
+        let rm = route.min(routes().len()) * METHODS.len() + m;
         self.http.requests[rm * STATUSES.len() + s].fetch_add(1, Relaxed);
         self.http.latency[rm].observe(took.as_secs_f64());
     }
@@ -315,7 +305,7 @@ impl Metrics {
             out,
             "# HELP {name} Answered requests by matched route, method and status.\n# TYPE {name} counter"
         );
-        let route_name = |r: usize| ROUTES.get(r).copied().unwrap_or("unmatched");
+        let route_name = |r: usize| routes().get(r).map_or("unmatched", String::as_str);
         for (i, c) in self.http.requests.iter().enumerate() {
             let n = c.load(Relaxed);
             if n == 0 {

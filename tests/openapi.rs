@@ -1,11 +1,13 @@
-//! `/openapi.json` against the router it describes: every route documented,
-//! every documented operation routed, and every status a range of good and
+//! `/openapi.json` against the router it describes: every route documented
+//! (routes come only from the documented table) and every documented
+//! operation routed, the metrics labelled by the same table, every answer
+//! with a schema that says its fields, and every status a range of good and
 //! bad requests gets declared for its operation.
 
 mod common;
 
 use common::{key_line, Options, TestApp};
-use counter_gateway::metrics::ROUTES;
+use counter_gateway::metrics::routes;
 use reqwest::Method;
 use serde_json::Value;
 
@@ -28,6 +30,29 @@ fn operations(doc: &Value) -> Vec<(String, Method, Value)> {
     ops
 }
 
+/// The router is built from the table of routes alone (`routes!`, which
+/// documents what it routes): any other way of adding a route to it would
+/// route something the description and the metrics do not know.
+#[test]
+fn routes_come_only_from_the_documented_table() {
+    let source = include_str!("../src/api/mod.rs");
+    for forbidden in [
+        ".route(",
+        ".route_service(",
+        ".nest(",
+        ".nest_service(",
+        ".merge(",
+        "axum::routing",
+    ] {
+        assert!(
+            !source.contains(forbidden),
+            "src/api/mod.rs uses `{forbidden}`: add routes to `table()` with \
+             `.routes(routes!(handler))` and a `#[utoipa::path]` on the handler"
+        );
+    }
+    assert!(source.contains(".routes(routes!("));
+}
+
 #[tokio::test]
 async fn every_route_is_documented_and_every_operation_routed() {
     let app = TestApp::start().await;
@@ -35,19 +60,23 @@ async fn every_route_is_documented_and_every_operation_routed() {
     assert_eq!(r.status, 200);
     assert_eq!(r.header("content-type"), Some("application/json"));
     let doc = r.json;
-    assert_eq!(doc["openapi"], "3.0.3");
+    assert_eq!(doc["openapi"], "3.1.0");
     assert!(doc["components"].get("securitySchemes").is_none());
     let paths = doc["paths"].as_object().unwrap();
-    for route in ROUTES {
-        assert!(paths.contains_key(*route), "{route} is not documented");
+    let labels = routes();
+    for route in labels {
+        assert!(paths.contains_key(route), "{route} is not documented");
     }
     assert_eq!(
         paths.len(),
-        ROUTES.len(),
-        "documented paths that are not routes"
+        labels.len(),
+        "documented paths without a label"
     );
+    let mut ids = std::collections::HashSet::new();
     for (path, method, op) in operations(&doc) {
         assert!(op["responses"]["200"].is_object(), "{method} {path}");
+        let id = op["operationId"].as_str().expect("an operationId");
+        assert!(ids.insert(id.to_string()), "{id} is not unique");
         let r = app
             .send(app.http.request(method.clone(), app.url(&concrete(&path))))
             .await;
@@ -57,6 +86,82 @@ async fn every_route_is_documented_and_every_operation_routed() {
             "{method} {path} is documented but not routed"
         );
     }
+    // Every request above was counted under its documented pattern.
+    let metrics = app.get("/metrics").await.text;
+    for (path, method, _) in operations(&doc) {
+        let series = format!(
+            "counter_gateway_http_request_duration_seconds_count{{route=\"{path}\",method=\"{method}\"}}"
+        );
+        assert!(metrics.contains(&series), "no {series} in:\n{metrics}");
+    }
+    assert!(!metrics.contains("route=\"unmatched\""), "{metrics}");
+}
+
+/// `$ref` and `allOf` resolved into one object schema's properties and
+/// required fields.
+fn fields(doc: &Value, schema: &Value) -> (serde_json::Map<String, Value>, Vec<String>) {
+    if let Some(r) = schema["$ref"].as_str() {
+        let name = r
+            .strip_prefix("#/components/schemas/")
+            .expect("a local $ref");
+        return fields(doc, &doc["components"]["schemas"][name]);
+    }
+    let mut props = schema["properties"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let mut required: Vec<String> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default();
+    for part in schema["allOf"].as_array().into_iter().flatten() {
+        let (p, r) = fields(doc, part);
+        props.extend(p);
+        required.extend(r);
+    }
+    (props, required)
+}
+
+/// Every JSON answer, success or error, has a schema naming its fields and
+/// the ones always present: no bare `object` a response check cannot fail on.
+#[tokio::test]
+async fn every_json_answer_has_a_schema_with_its_fields() {
+    let app = TestApp::start().await;
+    let doc = app.get("/openapi.json").await.json;
+    let mut checked = 0;
+    for (path, method, op) in operations(&doc) {
+        for (status, response) in op["responses"].as_object().unwrap() {
+            let Some(schema) = response.pointer("/content/application~1json/schema") else {
+                continue;
+            };
+            let (props, required) = fields(&doc, schema);
+            assert!(!props.is_empty(), "{method} {path} {status}: no properties");
+            assert!(
+                !required.is_empty(),
+                "{method} {path} {status}: nothing required"
+            );
+            for r in &required {
+                assert!(
+                    props.contains_key(r),
+                    "{method} {path} {status}: {r} undefined"
+                );
+            }
+            for (name, p) in &props {
+                assert!(
+                    p.get("type").is_some() || p.get("$ref").is_some() || p.get("oneOf").is_some(),
+                    "{method} {path} {status}: {name} has no type"
+                );
+            }
+            if status != "200" {
+                assert_eq!(
+                    schema["$ref"], "#/components/schemas/Error",
+                    "{method} {path} {status}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 80, "{checked}");
 }
 
 #[tokio::test]
@@ -70,6 +175,10 @@ async fn answered_statuses_are_declared() {
     .await;
     let doc = app.send(app.http.get(app.url("/openapi.json"))).await.json;
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+    let increment = &doc["paths"]["/v1/counters/{entity}/{action}/{uuid}/increment"]["post"];
+    assert_eq!(increment["security"][0]["bearer"][0], "write");
+    assert!(increment["responses"]["401"]["headers"]["WWW-Authenticate"].is_object());
+    assert!(increment["responses"]["503"]["headers"]["Retry-After"].is_object());
     let mut seen = 0;
     for (path, method, op) in operations(&doc) {
         let url = app.url(&concrete(&path));

@@ -14,8 +14,10 @@ use crate::domain::{format_ms, Increment, Resolved, SampleSpec};
 use crate::error::ApiError;
 use crate::store::Average;
 
+use super::openapi::{NotFound, Overflow};
+
 /// Body of `POST /v1/averages/{entity}/{action}/{uuid}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SampleBody<'a> {
     /// The sample, e.g. a rating of 4.
@@ -25,14 +27,18 @@ pub struct SampleBody<'a> {
     #[serde(default)]
     pub retract: bool,
     #[serde(default, borrow)]
+    #[schema(schema_with = crate::api::openapi::optional_name)]
     pub category: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
+    #[schema(schema_with = crate::api::openapi::optional_timestamp)]
     pub timestamp: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
+    #[schema(schema_with = crate::api::openapi::optional_event_id)]
     pub id: Option<Cow<'a, str>>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Average)]
 pub struct AverageJson {
     id: String,
     entity: String,
@@ -41,13 +47,19 @@ pub struct AverageJson {
     #[serde(flatten)]
     window: WindowJson,
     /// Within a window the sum (or quantity) may leave i64.
+    #[schema(schema_with = crate::api::openapi::wide_integer)]
     sum: i128,
+    #[schema(schema_with = crate::api::openapi::wide_integer)]
     quantity: i128,
     /// `sum / quantity`; `null` without samples.
+    #[schema(required = true)]
     average: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     category: Option<String>,
+    #[schema(schema_with = crate::api::openapi::timestamp)]
     first_timestamp: String,
+    #[schema(schema_with = crate::api::openapi::timestamp)]
     recorded_timestamp: String,
 }
 
@@ -70,6 +82,11 @@ impl AverageJson {
 }
 
 /// Adds (or retracts) one sample and answers the all-time average after it.
+#[utoipa::path(post, path = "/v1/averages/{entity}/{action}/{uuid}",
+    summary = "Add (or retract) one sample of an average counter",
+    params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
+    request_body(content((SampleBody = "application/json"), (String = "text/plain"))),
+    responses((status = 200, description = "Success", body = AverageJson), NotFound, Overflow))]
 pub async fn post(
     Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
@@ -113,16 +130,24 @@ pub async fn post(
     Ok(Json(AverageJson::new(avg, all)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AverageParams {
+    #[param(inline, value_type = Option<crate::api::openapi::Interval>)]
     interval: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     from: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     to: Option<String>,
 }
 
 /// `GET /v1/averages/{entity}/{action}/{uuid}`: sum, quantity and average,
 /// all time (default) or inside a window.
+#[utoipa::path(get, path = "/v1/averages/{entity}/{action}/{uuid}",
+    summary = "Sum, quantity and average, all time or inside a window",
+    params(KeyPath, AverageParams), security(("bearer" = ["read"]), ("key" = ["read"])),
+    responses((status = 200, description = "Success", body = AverageJson), NotFound))]
 pub async fn get(
     Reader(app): Reader,
     PathParams(path): PathParams<KeyPath>,

@@ -6,14 +6,19 @@ use serde::{Deserialize, Serialize};
 
 use super::extract::{parse_json, JsonBytes, PathParams};
 use super::model::IncrementBody;
+use super::openapi::{NotFound, Overflow};
 use super::AppState;
 use crate::domain::{Counter, CounterKey, Increment};
 use crate::error::ApiError;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct KeyPath {
+    #[param(inline, value_type = crate::api::openapi::Name)]
     entity: String,
+    #[param(inline, value_type = crate::api::openapi::Name)]
     action: String,
+    #[param(inline, value_type = crate::api::openapi::Name)]
     uuid: String,
 }
 
@@ -23,6 +28,12 @@ impl KeyPath {
     }
 }
 
+#[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/increment",
+    summary = "Add `count` (default 1) to a counter; answers it after the write is durable",
+    params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
+    request_body(content(
+        (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
+    responses((status = 200, description = "Success", body = Counter), NotFound, Overflow))]
 pub async fn increment(
     Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
@@ -31,6 +42,12 @@ pub async fn increment(
     add(app, path, body, false).await
 }
 
+#[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/decrement",
+    summary = "Subtract `count` (default 1) from a counter",
+    params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
+    request_body(content(
+        (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
+    responses((status = 200, description = "Success", body = Counter), NotFound, Overflow))]
 pub async fn decrement(
     Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
@@ -72,6 +89,10 @@ async fn add(
     }
 }
 
+#[utoipa::path(get, path = "/v1/counters/{entity}/{action}/{uuid}",
+    summary = "One counter",
+    params(KeyPath), security(("bearer" = ["read"]), ("key" = ["read"])),
+    responses((status = 200, description = "Success", body = Counter), NotFound))]
 pub async fn get(
     Reader(app): Reader,
     PathParams(path): PathParams<KeyPath>,
@@ -84,11 +105,15 @@ pub async fn get(
         .ok_or_else(|| ApiError::NotFound(format!("counter {key} has never been counted")))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Deleted {
     deleted: bool,
 }
 
+#[utoipa::path(delete, path = "/v1/counters/{entity}/{action}/{uuid}",
+    summary = "Remove a counter and its histogram buckets",
+    params(KeyPath), security(("bearer" = ["admin"]), ("key" = ["admin"])),
+    responses((status = 200, description = "Success", body = Deleted), NotFound))]
 pub async fn delete(
     Admin(app): Admin,
     PathParams(path): PathParams<KeyPath>,
@@ -101,19 +126,26 @@ pub async fn delete(
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct TargetPath {
+    #[param(inline, value_type = crate::api::openapi::Name)]
     entity: String,
+    #[param(inline, value_type = crate::api::openapi::Name)]
     uuid: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct TargetCounters {
     entity: String,
     uuid: String,
     counters: Vec<Counter>,
 }
 
+#[utoipa::path(get, path = "/v1/targets/{entity}/{uuid}/counters",
+    summary = "Every counter of one target",
+    params(TargetPath), security(("bearer" = ["read"]), ("key" = ["read"])),
+    responses((status = 200, description = "Success", body = TargetCounters)))]
 pub async fn target(
     Reader(app): Reader,
     PathParams(path): PathParams<TargetPath>,

@@ -9,6 +9,8 @@ use std::sync::OnceLock;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use super::openapi::NotModified;
+
 /// The page may run only its own script and style, talk only to its own
 /// origin, and be framed by no one.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
@@ -98,14 +100,21 @@ fn serve(i: usize, headers: &HeaderMap) -> Response {
         .into_response()
 }
 
+#[utoipa::path(get, path = "/dashboard",
+    summary = "The built-in dashboard page (it reads /v1 with a read key entered on the page)",
+    responses((status = 200, description = "Success", content((String = "text/html"))), NotModified))]
 pub async fn page(headers: HeaderMap) -> Response {
     serve(0, &headers)
 }
 
+#[utoipa::path(get, path = "/dashboard/dashboard.js", summary = "The dashboard's script",
+    responses((status = 200, description = "Success", content((String = "text/javascript"))), NotModified))]
 pub async fn script(headers: HeaderMap) -> Response {
     serve(1, &headers)
 }
 
+#[utoipa::path(get, path = "/dashboard/dashboard.css", summary = "The dashboard's style sheet",
+    responses((status = 200, description = "Success", content((String = "text/css"))), NotModified))]
 pub async fn style(headers: HeaderMap) -> Response {
     serve(2, &headers)
 }

@@ -10,6 +10,13 @@ use super::model::{EventBody, EventsAccepted, EventsBody, Object, RawEventsBody}
 use crate::domain::{Increment, Interner, TimePolicy};
 use crate::error::{ApiError, EventError};
 
+use super::openapi::Overflow;
+
+#[utoipa::path(post, path = "/v1/events",
+    summary = "A batch of increments, all validated before any is applied (JSON or text/plain from sendBeacon)",
+    security(("bearer" = ["write"]), ("key" = ["write"])),
+    request_body(content((EventsBody = "application/json"), (String = "text/plain"))),
+    responses((status = 200, description = "Success", body = EventsAccepted), Overflow))]
 pub async fn post(
     Writer(app): Writer,
     JsonBytes(body): JsonBytes,

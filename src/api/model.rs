@@ -77,46 +77,60 @@ fn objects<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T
 }
 
 /// Body of `POST /v1/counters/{entity}/{action}/{uuid}/increment` (and `decrement`).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IncrementBody<'a> {
     /// Defaults to 1; may be negative.
     #[serde(default)]
+    #[schema(schema_with = crate::api::openapi::optional_count)]
     pub count: Option<i64>,
     #[serde(default, borrow, deserialize_with = "borrowed")]
+    #[schema(schema_with = crate::api::openapi::optional_name)]
     pub category: Option<Cow<'a, str>>,
     /// RFC 3339; defaults to now.
     #[serde(default, borrow, deserialize_with = "borrowed")]
+    #[schema(schema_with = crate::api::openapi::optional_timestamp)]
     pub timestamp: Option<Cow<'a, str>>,
     /// Idempotency id: a retry with the same id is counted once.
     #[serde(default, borrow, deserialize_with = "borrowed")]
+    #[schema(schema_with = crate::api::openapi::optional_event_id)]
     pub id: Option<Cow<'a, str>>,
 }
 
 /// One event of `POST /v1/events`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EventBody<'a> {
     #[serde(borrow)]
+    #[schema(schema_with = crate::api::openapi::name)]
     pub entity: Cow<'a, str>,
     #[serde(borrow)]
+    #[schema(schema_with = crate::api::openapi::name)]
     pub action: Cow<'a, str>,
     #[serde(borrow)]
+    #[schema(schema_with = crate::api::openapi::name)]
     pub uuid: Cow<'a, str>,
     #[serde(default)]
+    #[schema(schema_with = crate::api::openapi::optional_count)]
     pub count: Option<i64>,
     #[serde(default, borrow, deserialize_with = "borrowed")]
+    #[schema(schema_with = crate::api::openapi::optional_name)]
     pub category: Option<Cow<'a, str>>,
     #[serde(default, borrow, deserialize_with = "borrowed")]
+    #[schema(schema_with = crate::api::openapi::optional_timestamp)]
     pub timestamp: Option<Cow<'a, str>>,
     #[serde(default, borrow, deserialize_with = "borrowed")]
+    #[schema(schema_with = crate::api::openapi::optional_event_id)]
     pub id: Option<Cow<'a, str>>,
 }
 
-#[derive(Debug, Deserialize)]
+/// Body of `POST /v1/events`; `maxItems` is the configured batch limit,
+/// set when the description is served.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EventsBody<'a> {
     #[serde(borrow, deserialize_with = "objects")]
+    #[schema(min_items = 1)]
     pub events: Vec<EventBody<'a>>,
 }
 
@@ -128,7 +142,7 @@ pub struct RawEventsBody {
     pub events: Vec<serde_json::Value>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EventsAccepted {
     /// Events counted by this request.
     pub accepted: usize,

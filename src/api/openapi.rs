@@ -1,313 +1,196 @@
-//! `GET /openapi.json`: the API described as OpenAPI 3.0, built from one
-//! table of operations ([`OPERATIONS`]) that names, for each, the role it
-//! needs, its parameters, its body and every status it can answer, errors
-//! included. `tests/openapi.rs` checks the table against the router, and
-//! `scripts/schemathesis.sh` checks live answers against the description.
+//! `GET /openapi.json`: the API described as OpenAPI 3.1, generated from the
+//! table of routes ([`super::table`]). Each handler's `#[utoipa::path]` names
+//! its path, method, parameters, body, the key it needs (as `security`) and the
+//! answers particular to it; the schemas derive (`ToSchema`, `IntoParams`)
+//! from the very structs the handlers parse and serialize, so a field added to
+//! an answer is described without another edit.
 //!
-//! Written out rather than derived (utoipa) to keep the build lean: the
-//! handlers parse bodies by hand to name bad fields, so derived schemas
-//! would need as many annotations as this table has lines.
+//! What the layers around every handler add is written here once, in
+//! [`finish`], rather than on each handler: the role extractors (`X-Tenant`,
+//! 400/401/403/429/500/503 and the role's description, for every operation
+//! with `security`), the body extractor (400/413/415 for every operation with a
+//! body), the request timeout (503 everywhere), and what depends on the
+//! configuration (security schemes and 401/403 only with keys, the batch limit).
+//!
+//! `tests/openapi.rs` checks the description against the live router and
+//! `scripts/schemathesis.sh` checks live answers against it.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
+use utoipa::openapi::schema::{KnownFormat, Object, ObjectBuilder, SchemaFormat, SchemaType, Type};
+use utoipa::openapi::{RefOr, Response, ResponseBuilder, Schema};
+use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
 use super::Gateway;
-use crate::auth::Role;
 
-/// How a parameter or body part is described.
-#[derive(Clone, Copy)]
-pub enum Param {
-    /// A counter name part in the path (entity, action, uuid).
-    Name(&'static str),
-    /// An optional query parameter with its schema.
-    Query(&'static str, &'static str),
+/// A counter name part or category: UTF-8 without control characters, at
+/// most 512 bytes. JSON Schema counts characters, not bytes, so the schema
+/// admits a few names the gateway refuses (multi-byte ones past 512 bytes,
+/// white space only, document ids past 512 bytes), never the reverse.
+pub fn name() -> Object {
+    name_of(string(false), crate::domain::MAX_NAME_BYTES)
 }
 
-/// The body an operation takes.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Body {
-    None,
-    Increment,
-    Events,
-    Sample,
+/// An optional name, which may also be sent as `null` (absent).
+pub fn optional_name() -> Object {
+    name_of(string(true), crate::domain::MAX_NAME_BYTES)
 }
 
-pub struct Operation {
-    pub method: &'static str,
-    pub path: &'static str,
-    pub summary: &'static str,
-    /// `None`: open, no key needed.
-    pub role: Option<Role>,
-    pub params: &'static [Param],
-    pub body: Body,
-    /// The success status and the name of its schema.
-    pub ok: (u16, &'static str),
-    /// Error statuses beyond those every keyed operation can answer.
-    pub errors: &'static [u16],
+/// An event idempotency id: as a name, at most 256 bytes; `null` is absent.
+pub fn optional_event_id() -> Object {
+    name_of(string(true), 256)
 }
 
-const KEY: &[Param] = &[
-    Param::Name("entity"),
-    Param::Name("action"),
-    Param::Name("uuid"),
-];
-const TARGET: &[Param] = &[Param::Name("entity"), Param::Name("uuid")];
-const WINDOW: &[Param] = &[
-    Param::Name("entity"),
-    Param::Name("action"),
-    Param::Name("uuid"),
-    Param::Query("interval", "interval"),
-    Param::Query("from", "day"),
-    Param::Query("to", "day"),
-];
-const TOP: &[Param] = &[
-    Param::Name("entity"),
-    Param::Name("action"),
-    Param::Query("interval", "interval"),
-    Param::Query("from", "day"),
-    Param::Query("to", "day"),
-    Param::Query("category", "name"),
-    Param::Query("size", "size"),
-];
-const TOP_AVERAGES: &[Param] = &[
-    Param::Name("entity"),
-    Param::Name("action"),
-    Param::Query("interval", "interval"),
-    Param::Query("from", "day"),
-    Param::Query("to", "day"),
-    Param::Query("category", "name"),
-    Param::Query("size", "size"),
-    Param::Query("min_quantity", "positive"),
-];
-const STALE: &[Param] = &[
-    Param::Query("days", "days"),
-    Param::Query("entity", "name"),
-    Param::Query("action", "name"),
-    Param::Query("size", "size"),
-    Param::Query("cursor", "string"),
-];
-const UNUSED: &[Param] = &[Param::Query("days", "days")];
+fn name_of(b: ObjectBuilder, max: usize) -> Object {
+    b.min_length(Some(1))
+        .max_length(Some(max))
+        .pattern(Some("^[^\\u0000-\\u001f\\u007f-\\u009f]+$"))
+        .build()
+}
 
-/// Every operation of the API.
-pub const OPERATIONS: &[Operation] = &[
-    Operation {
-        method: "post",
-        path: "/v1/counters/{entity}/{action}/{uuid}/increment",
-        summary: "Add `count` (default 1) to a counter; answers it after the write is durable",
-        role: Some(Role::Write),
-        params: KEY,
-        body: Body::Increment,
-        ok: (200, "Counter"),
-        errors: &[404, 409, 413, 415],
-    },
-    Operation {
-        method: "post",
-        path: "/v1/counters/{entity}/{action}/{uuid}/decrement",
-        summary: "Subtract `count` (default 1) from a counter",
-        role: Some(Role::Write),
-        params: KEY,
-        body: Body::Increment,
-        ok: (200, "Counter"),
-        errors: &[404, 409, 413, 415],
-    },
-    Operation {
-        method: "post",
-        path: "/v1/events",
-        summary: "A batch of increments, all validated before any is applied (JSON or text/plain from sendBeacon)",
-        role: Some(Role::Write),
-        params: &[],
-        body: Body::Events,
-        ok: (200, "EventsAccepted"),
-        errors: &[409, 413, 415],
-    },
-    Operation {
-        method: "post",
-        path: "/v1/averages/{entity}/{action}/{uuid}",
-        summary: "Add (or retract) one sample of an average counter",
-        role: Some(Role::Write),
-        params: KEY,
-        body: Body::Sample,
-        ok: (200, "Average"),
-        errors: &[404, 409, 413, 415],
-    },
-    Operation {
-        method: "get",
-        path: "/v1/counters/{entity}/{action}/{uuid}",
-        summary: "One counter",
-        role: Some(Role::Read),
-        params: KEY,
-        body: Body::None,
-        ok: (200, "Counter"),
-        errors: &[404],
-    },
-    Operation {
-        method: "delete",
-        path: "/v1/counters/{entity}/{action}/{uuid}",
-        summary: "Remove a counter and its histogram buckets",
-        role: Some(Role::Admin),
-        params: KEY,
-        body: Body::None,
-        ok: (200, "Deleted"),
-        errors: &[404],
-    },
-    Operation {
-        method: "get",
-        path: "/v1/counters/{entity}/{action}/{uuid}/histogram",
-        summary: "Day buckets of a counter and their total inside a window",
-        role: Some(Role::Read),
-        params: WINDOW,
-        body: Body::None,
-        ok: (200, "Histogram"),
-        errors: &[404],
-    },
-    Operation {
-        method: "get",
-        path: "/v1/targets/{entity}/{uuid}/counters",
-        summary: "Every counter of one target",
-        role: Some(Role::Read),
-        params: TARGET,
-        body: Body::None,
-        ok: (200, "TargetCounters"),
-        errors: &[],
-    },
-    Operation {
-        method: "get",
-        path: "/v1/averages/{entity}/{action}/{uuid}",
-        summary: "Sum, quantity and average, all time or inside a window",
-        role: Some(Role::Read),
-        params: WINDOW,
-        body: Body::None,
-        ok: (200, "Average"),
-        errors: &[404],
-    },
-    Operation {
-        method: "get",
-        path: "/v1/top/{entity}/{action}",
-        summary: "The highest counters, all time or inside a window",
-        role: Some(Role::Read),
-        params: TOP,
-        body: Body::None,
-        ok: (200, "Object"),
-        errors: &[],
-    },
-    Operation {
-        method: "get",
-        path: "/v1/top-averages/{entity}/{action}",
-        summary: "The highest averages",
-        role: Some(Role::Read),
-        params: TOP_AVERAGES,
-        body: Body::None,
-        ok: (200, "Object"),
-        errors: &[],
-    },
-    Operation {
-        method: "get",
-        path: "/v1/reports/stale",
-        summary: "Counters untouched for `days`, oldest first, paged with a cursor (CSV with Accept: text/csv)",
-        role: Some(Role::Read),
-        params: STALE,
-        body: Body::None,
-        ok: (200, "Object"),
-        errors: &[],
-    },
-    Operation {
-        method: "get",
-        path: "/v1/reports/unused",
-        summary: "Entity/action pairs with no touch in `days`",
-        role: Some(Role::Read),
-        params: UNUSED,
-        body: Body::None,
-        ok: (200, "Object"),
-        errors: &[],
-    },
-    Operation {
-        method: "get",
-        path: "/healthz",
-        summary: "The process is alive",
-        role: None,
-        params: &[],
-        body: Body::None,
-        ok: (200, "Status"),
-        errors: &[],
-    },
-    Operation {
-        method: "get",
-        path: "/readyz",
-        summary: "The store answers",
-        role: None,
-        params: &[],
-        body: Body::None,
-        ok: (200, "Status"),
-        errors: &[503],
-    },
-    Operation {
-        method: "get",
-        path: "/metrics",
-        summary: "Prometheus metrics of every tenant (admin key of tenant * when keys are configured)",
-        role: None,
-        params: &[],
-        body: Body::None,
-        ok: (200, "Metrics"),
-        errors: &[401, 403, 429],
-    },
-    Operation {
-        method: "get",
-        path: "/openapi.json",
-        summary: "This description",
-        role: None,
-        params: &[],
-        body: Body::None,
-        ok: (200, "Object"),
-        errors: &[],
-    },
-    Operation {
-        method: "get",
-        path: "/dashboard",
-        summary: "The built-in dashboard page (it reads /v1 with a read key entered on the page)",
-        role: None,
-        params: &[],
-        body: Body::None,
-        ok: (200, "Html"),
-        errors: &[304],
-    },
-    Operation {
-        method: "get",
-        path: "/dashboard/dashboard.js",
-        summary: "The dashboard's script",
-        role: None,
-        params: &[],
-        body: Body::None,
-        ok: (200, "Script"),
-        errors: &[304],
-    },
-    Operation {
-        method: "get",
-        path: "/dashboard/dashboard.css",
-        summary: "The dashboard's style sheet",
-        role: None,
-        params: &[],
-        body: Body::None,
-        ok: (200, "Style"),
-        errors: &[304],
-    },
-];
+/// A string, or with `nullable` also `null` (which the bodies read as absent).
+fn string(nullable: bool) -> ObjectBuilder {
+    ObjectBuilder::new().schema_type(if nullable {
+        SchemaType::from_iter([Type::String, Type::Null])
+    } else {
+        SchemaType::Type(Type::String)
+    })
+}
 
-/// Statuses every operation that takes a key can answer.
-const KEYED_ERRORS: &[u16] = &[400, 429, 500, 503];
+fn formatted(b: ObjectBuilder, format: KnownFormat) -> Object {
+    b.format(Some(SchemaFormat::KnownFormat(format))).build()
+}
 
-/// The media type of an answer that is not JSON, by its schema name.
-fn static_media_type(schema: &str) -> Option<&'static str> {
-    match schema {
-        "Metrics" => Some("text/plain"),
-        "Html" => Some("text/html"),
-        "Script" => Some("text/javascript"),
-        "Style" => Some("text/css"),
-        _ => None,
+/// An RFC 3339 instant, as answers write them (UTC, milliseconds).
+pub fn timestamp() -> Object {
+    formatted(string(false), KnownFormat::DateTime)
+}
+
+/// An RFC 3339 instant; `null` is absent (now).
+pub fn optional_timestamp() -> Object {
+    formatted(string(true), KnownFormat::DateTime)
+}
+
+/// A UTC day, `2026-11-24`.
+pub fn day() -> Object {
+    formatted(string(false), KnownFormat::Date)
+}
+
+/// An optional 64-bit count; `null` is absent (1).
+pub fn optional_count() -> Object {
+    formatted(
+        ObjectBuilder::new().schema_type(SchemaType::from_iter([Type::Integer, Type::Null])),
+        KnownFormat::Int64,
+    )
+}
+
+/// The `interval` parameter: one of the named intervals.
+pub fn interval() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(crate::domain::NAMED_INTERVALS.iter().map(|(n, _)| *n)))
+        .build()
+}
+
+/// The `interval` an answer echoes: a named one, or `range` for `from`/`to`.
+pub fn answered_interval() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(
+            crate::domain::NAMED_INTERVALS
+                .iter()
+                .map(|(n, _)| *n)
+                .chain(["range"]),
+        ))
+        .build()
+}
+
+/// A page or list size, `1..=1000`.
+pub fn size() -> Object {
+    bounded(1, super::queries::MAX_TOP_SIZE as i64)
+}
+
+/// A number of days for the reports.
+pub fn days() -> Object {
+    bounded(1, 100_000)
+}
+
+/// A positive 64-bit integer.
+pub fn positive() -> Object {
+    bounded(1, i64::MAX)
+}
+
+fn bounded(min: i64, max: i64) -> Object {
+    let mut b = ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .minimum(Some(min as f64));
+    if max == i64::MAX {
+        b = b.format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)));
+    } else {
+        b = b.maximum(Some(max as f64));
     }
+    b.build()
 }
 
+/// Schemas of parameters that the handlers take as strings and parse
+/// themselves (to name the field in a refusal): `#[param(inline, value_type
+/// = ...)]` names one of these.
+macro_rules! param_schema {
+    ($($(#[$doc:meta])* $t:ident = $f:ident;)*) => {$(
+        $(#[$doc])*
+        pub struct $t;
+        impl PartialSchema for $t {
+            fn schema() -> RefOr<Schema> {
+                $f().into()
+            }
+        }
+        impl ToSchema for $t {
+            fn name() -> Cow<'static, str> {
+                stringify!($t).into()
+            }
+        }
+    )*};
+}
+
+param_schema! {
+    /// See [`name`].
+    Name = name;
+    /// See [`interval`].
+    Interval = interval;
+    /// See [`day`].
+    Day = day;
+    /// See [`size`].
+    Size = size;
+    /// See [`days`].
+    Days = days;
+    /// See [`positive`].
+    Positive = positive;
+    /// See [`stale_csv`].
+    StaleCsv = stale_csv;
+    /// See [`metrics_text`].
+    MetricsText = metrics_text;
+}
+
+/// An integer that may leave 64 bits (a sum of day buckets): JSON carries
+/// every digit, so no `format` bounds it.
+pub fn wide_integer() -> Object {
+    ObjectBuilder::new().schema_type(Type::Integer).build()
+}
+
+/// The error shape of every refusal; see `src/error.rs`.
+fn error_ref() -> RefOr<Schema> {
+    RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+        crate::error::ErrorJson::name(),
+    ))
+}
+
+/// Why an operation answers `status`, as every operation words it.
 fn reason(status: u16) -> &'static str {
     match status {
         304 => "Not modified: If-None-Match names the current ETag",
@@ -325,249 +208,135 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-/// A counter name part or category: UTF-8 without control characters, at
-/// most 512 bytes. JSON Schema counts characters, not bytes, so the schema
-/// admits a few names the gateway refuses (multi-byte ones past 512 bytes,
-/// white space only, document ids past 512 bytes), never the reverse.
-fn name_schema() -> Value {
-    json!({"type": "string", "minLength": 1, "maxLength": crate::domain::MAX_NAME_BYTES,
-           "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"})
-}
-
-/// An event idempotency id: as a name, at most 256 bytes.
-fn id_schema() -> Value {
-    json!({"type": "string", "minLength": 1, "maxLength": 256,
-           "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"})
-}
-
-fn query_schema(kind: &str) -> Value {
-    match kind {
-        "interval" => {
-            json!({"type": "string", "enum": ["all", "last_day", "last_week", "last_month", "last_year"]})
-        }
-        "day" => json!({"type": "string", "format": "date"}),
-        "size" => json!({"type": "integer", "minimum": 1, "maximum": super::queries::MAX_TOP_SIZE}),
-        "days" => json!({"type": "integer", "minimum": 1, "maximum": 100_000}),
-        "positive" => json!({"type": "integer", "format": "int64", "minimum": 1}),
-        "name" => name_schema(),
-        _ => json!({"type": "string"}),
+/// An error answer for `status`, with the headers the error type sets.
+fn error_response(status: u16) -> Response {
+    let mut r = ResponseBuilder::new().description(reason(status));
+    if status == 304 {
+        return r.build();
     }
-}
-
-fn body_schema(body: Body, max_events: usize) -> Option<Value> {
-    // Optional fields may also be sent as `null`, which means absent.
-    let nullable = |mut v: Value| {
-        v["nullable"] = json!(true);
-        v
+    r = r.content(
+        "application/json",
+        utoipa::openapi::ContentBuilder::new()
+            .schema(Some(error_ref()))
+            .build(),
+    );
+    let header = |kind: Type| {
+        utoipa::openapi::HeaderBuilder::new()
+            .schema(ObjectBuilder::new().schema_type(kind))
+            .build()
     };
-    let common = json!({
-        "category": nullable(name_schema()),
-        "timestamp": nullable(json!({"type": "string", "format": "date-time"})),
-        "id": nullable(id_schema()),
-    });
-    let with = |mut base: Map<String, Value>| {
-        if let Value::Object(c) = &common {
-            for (k, v) in c {
-                base.insert(k.clone(), v.clone());
-            }
-        }
-        Value::Object(base)
-    };
-    let int = nullable(json!({"type": "integer", "format": "int64"}));
-    match body {
-        Body::None => None,
-        Body::Increment => Some(json!({
-            "type": "object", "additionalProperties": false,
-            "properties": with(Map::from_iter([("count".to_string(), int)])),
-        })),
-        Body::Sample => Some(json!({
-            "type": "object", "additionalProperties": false, "required": ["value"],
-            "properties": with(Map::from_iter([
-                ("value".to_string(), json!({"type": "integer", "format": "int64"})),
-                ("retract".to_string(), json!({"type": "boolean"})),
-            ])),
-        })),
-        Body::Events => {
-            let event = json!({
-                "type": "object", "additionalProperties": false,
-                "required": ["entity", "action", "uuid"],
-                "properties": with(Map::from_iter([
-                    ("entity".to_string(), name_schema()),
-                    ("action".to_string(), name_schema()),
-                    ("uuid".to_string(), name_schema()),
-                    ("count".to_string(), int),
-                ])),
-            });
-            Some(json!({
-                "type": "object", "additionalProperties": false, "required": ["events"],
-                "properties": {"events": {"type": "array", "minItems": 1, "maxItems": max_events, "items": event}},
-            }))
-        }
+    match status {
+        429 | 503 => r = r.header("Retry-After", header(Type::Integer)),
+        401 => r = r.header("WWW-Authenticate", header(Type::String)),
+        _ => {}
+    }
+    r.build()
+}
+
+fn errors(statuses: &[u16]) -> BTreeMap<String, RefOr<Response>> {
+    statuses
+        .iter()
+        .map(|s| (s.to_string(), RefOr::T(error_response(*s))))
+        .collect()
+}
+
+/// 404: the counter (or average) has never been counted.
+pub struct NotFound;
+impl IntoResponses for NotFound {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        errors(&[404])
     }
 }
 
-fn schemas() -> Value {
-    let ts = json!({"type": "string", "format": "date-time"});
-    json!({
-        "Error": {
-            "type": "object", "required": ["error"], "additionalProperties": false,
-            "properties": {"error": {
-                "type": "object", "required": ["type", "reason"], "additionalProperties": false,
-                "properties": {
-                    "type": {"type": "string"},
-                    "reason": {"type": "string"},
-                    "details": {"type": "array", "items": {
-                        "type": "object", "required": ["index", "reason"],
-                        "properties": {"index": {"type": "integer"}, "reason": {"type": "string"}},
-                    }},
-                },
-            }},
-        },
-        "Counter": {
-            "type": "object",
-            "required": ["id", "entity", "action", "uuid", "value", "first_timestamp", "recorded_timestamp"],
-            "properties": {
-                "id": {"type": "string"}, "entity": {"type": "string"}, "action": {"type": "string"},
-                "uuid": {"type": "string"}, "value": {"type": "integer", "format": "int64"},
-                "category": {"type": "string"}, "first_timestamp": ts, "recorded_timestamp": ts,
-            },
-        },
-        "TargetCounters": {
-            "type": "object", "required": ["entity", "uuid", "counters"],
-            "properties": {"counters": {"type": "array", "items": {"$ref": "#/components/schemas/Counter"}}},
-        },
-        "EventsAccepted": {
-            "type": "object", "required": ["accepted", "duplicates"],
-            "properties": {"accepted": {"type": "integer"}, "duplicates": {"type": "integer"}},
-        },
-        "Average": {
-            "type": "object", "required": ["sum", "quantity", "average"],
-            "properties": {
-                "sum": {"type": "integer"}, "quantity": {"type": "integer"},
-                "average": {"type": "number", "nullable": true},
-            },
-        },
-        "Histogram": {
-            "type": "object", "required": ["total", "buckets"],
-            "properties": {"total": {"type": "integer"}, "buckets": {"type": "array", "items": {
-                "type": "object", "required": ["day", "value"],
-                "properties": {"day": {"type": "string"}, "value": {"type": "integer"}},
-            }}},
-        },
-        "Deleted": {"type": "object", "required": ["deleted"], "properties": {"deleted": {"type": "boolean"}}},
-        "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
-        "Object": {"type": "object"},
-        "Metrics": {"type": "string"},
-    })
+/// 409: the write would leave the signed 64-bit range.
+pub struct Overflow;
+impl IntoResponses for Overflow {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        errors(&[409])
+    }
 }
 
-/// The description, for a gateway with (`keyed`) or without API keys and
-/// `max_events` events per batch.
-pub fn document(keyed: bool, max_events: usize) -> Value {
-    let mut paths = Map::new();
-    for op in OPERATIONS {
-        let mut params = Vec::new();
-        for p in op.params {
-            params.push(match p {
-                Param::Name(n) => json!({"name": n, "in": "path", "required": true, "schema": name_schema()}),
-                Param::Query(n, kind) => json!({"name": n, "in": "query", "required": false, "schema": query_schema(kind)}),
-            });
-        }
-        if op.role.is_some() {
-            params.push(
-                json!({"name": "X-Tenant", "in": "header", "required": false,
-                "description": "The tenant, when the key is not bound to one",
-                "schema": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,63}$"}}),
-            );
-        }
-        let mut responses = Map::new();
-        let (ok, schema) = op.ok;
-        let content = if let Some(media) = static_media_type(schema) {
-            json!({media: {"schema": {"type": "string"}}})
-        } else if op.path == "/v1/reports/stale" {
-            json!({"application/json": {"schema": {"$ref": "#/components/schemas/Object"}},
-                   "text/csv": {"schema": {"type": "string"}}})
-        } else {
-            json!({"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}})
-        };
-        responses.insert(
-            ok.to_string(),
-            json!({"description": "Success", "content": content}),
-        );
-        let mut errors: Vec<u16> = op.errors.to_vec();
-        if op.role.is_some() {
-            errors.extend_from_slice(KEYED_ERRORS);
-            if keyed {
-                errors.extend_from_slice(&[401, 403]);
-            }
-        }
-        if op.body != Body::None {
-            errors.extend_from_slice(&[400, 413, 415]);
-        }
-        // Any request may be refused by the request timeout.
-        errors.push(503);
-        errors.sort_unstable();
-        errors.dedup();
-        for s in errors {
-            if s == 304 {
-                responses.insert(s.to_string(), json!({"description": reason(s)}));
-                continue;
-            }
-            let mut r = json!({"description": reason(s),
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
-            if matches!(s, 429 | 503) {
-                r["headers"] = json!({"Retry-After": {"schema": {"type": "integer"}}});
-            }
-            if s == 401 {
-                r["headers"] = json!({"WWW-Authenticate": {"schema": {"type": "string"}}});
-            }
-            responses.insert(s.to_string(), r);
-        }
-        let mut o = json!({
-            "summary": op.summary,
-            "operationId": format!("{}{}", op.method, op.path.replace(['/', '{', '}', '.', '-'], "_")),
-            "parameters": params,
-            "responses": responses,
-        });
-        if let Some(role) = op.role {
-            o["description"] = json!(format!(
-                "Needs a `{role}` key (or `admin`) when keys are configured."
-            ));
-            if keyed {
-                o["security"] = json!([{"bearer": []}, {"key": []}]);
-            }
-        }
-        if let Some(schema) = body_schema(op.body, max_events) {
-            let required = op.body == Body::Events || op.body == Body::Sample;
-            o["requestBody"] = json!({"required": required, "content": {
-                "application/json": {"schema": schema},
-                "text/plain": {"schema": {"type": "string"}},
-            }});
-        }
-        let entry = paths
-            .entry(op.path.to_string())
-            .or_insert_with(|| json!({}));
-        entry[op.method] = o;
+/// 304: the asset is unchanged (`If-None-Match`).
+pub struct NotModified;
+impl IntoResponses for NotModified {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        errors(&[304])
     }
-    let mut doc = json!({
-        "openapi": "3.0.3",
-        "info": {
-            "title": "counter-gateway",
-            "version": env!("CARGO_PKG_VERSION"),
-            "description": "Counts views, likes, logins and ratings over HTTP, exactly. Errors: {\"error\": {\"type\", \"reason\"}}.",
-        },
-        "paths": paths,
-        "components": {"schemas": schemas()},
-    });
-    if keyed {
-        doc["components"]["securitySchemes"] = json!({
-            "bearer": {"type": "http", "scheme": "bearer"},
-            "key": {"type": "apiKey", "in": "query", "name": "key"},
-        });
-    }
-    doc
 }
 
+/// `/metrics` checks its own key: 401, 403 and 429 without `security`.
+pub struct OperatorErrors;
+impl IntoResponses for OperatorErrors {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        errors(&[401, 403, 429])
+    }
+}
+
+/// The answer of `/healthz` and `/readyz`.
+pub struct Status;
+impl PartialSchema for Status {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .property(
+                "status",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(["ok", "ready"])),
+            )
+            .required("status")
+            .into()
+    }
+}
+impl ToSchema for Status {
+    fn name() -> Cow<'static, str> {
+        "Status".into()
+    }
+}
+
+/// This very document, as far as a client relies on it.
+pub struct Description;
+impl PartialSchema for Description {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .property("openapi", ObjectBuilder::new().schema_type(Type::String))
+            .property("info", ObjectBuilder::new().schema_type(Type::Object))
+            .property("paths", ObjectBuilder::new().schema_type(Type::Object))
+            .required("openapi")
+            .required("info")
+            .required("paths")
+            .into()
+    }
+}
+impl ToSchema for Description {
+    fn name() -> Cow<'static, str> {
+        "OpenApi".into()
+    }
+}
+
+/// The CSV form of the stale report: its header line, then one line per counter.
+pub fn stale_csv() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(
+            "^id,entity,action,uuid,value,category,first_timestamp,recorded_timestamp\r\n",
+        ))
+        .build()
+}
+
+/// The Prometheus text exposition of `/metrics`.
+pub fn metrics_text() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some("^# HELP counter_gateway_"))
+        .build()
+}
+
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    summary = "This description",
+    responses((status = 200, description = "Success", body = Description)),
+)]
 pub async fn openapi(State(gw): State<Gateway>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "application/json")],
@@ -577,4 +346,154 @@ pub async fn openapi(State(gw): State<Gateway>) -> impl IntoResponse {
         )
         .to_string(),
     )
+}
+
+/// The table's description with what every operation shares, and its route
+/// patterns in the table's order; built once.
+fn generated() -> &'static (Value, Vec<String>) {
+    static DOC: OnceLock<(Value, Vec<String>)> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut api = super::table().into_openapi();
+        let routes = api.paths.paths.keys().cloned().collect();
+        api.info = utoipa::openapi::InfoBuilder::new()
+            .title("counter-gateway")
+            .version(env!("CARGO_PKG_VERSION"))
+            .description(Some(
+                "Counts views, likes, logins and ratings over HTTP, exactly. Errors: {\"error\": {\"type\", \"reason\"}}.",
+            ))
+            .build();
+        let components = api
+            .components
+            .get_or_insert_with(utoipa::openapi::Components::new);
+        let mut schemas = Vec::new();
+        <crate::error::ErrorJson as ToSchema>::schemas(&mut schemas);
+        schemas.push((
+            crate::error::ErrorJson::name().into_owned(),
+            crate::error::ErrorJson::schema(),
+        ));
+        components.schemas.extend(schemas);
+        let mut doc = serde_json::to_value(&api).expect("the description serializes");
+        shared(&mut doc);
+        (doc, routes)
+    })
+}
+
+/// The route patterns of the table, in its order: the metrics' route labels.
+pub fn route_patterns() -> Vec<String> {
+    generated().1.clone()
+}
+
+const METHODS: [&str; 8] = [
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
+
+/// The role an operation's `security` names, if it has one.
+fn role(op: &Value) -> Option<String> {
+    op["security"]
+        .as_array()?
+        .iter()
+        .find_map(|req| req.as_object()?.values().next()?.get(0)?.as_str())
+        .map(str::to_string)
+}
+
+/// What the layers around the handlers add, the same for any configuration.
+fn shared(doc: &mut Value) {
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        for method in METHODS {
+            let Some(op) = item.get_mut(method) else {
+                continue;
+            };
+            op["operationId"] = json!(format!(
+                "{method}{}",
+                path.replace(['/', '{', '}', '.', '-'], "_")
+            ));
+            let mut extra: Vec<u16> = Vec::new();
+            if let Some(role) = role(op) {
+                let params = op["parameters"].as_array_mut().map(std::mem::take);
+                let mut params = params.unwrap_or_default();
+                params.push(
+                    json!({"name": "X-Tenant", "in": "header", "required": false,
+                    "description": "The tenant, when the key is not bound to one",
+                    "schema": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,63}$"}}),
+                );
+                op["parameters"] = Value::Array(params);
+                op["description"] = json!(if role == "admin" {
+                    "Needs an `admin` key when keys are configured.".to_string()
+                } else {
+                    format!("Needs a `{role}` key (or `admin`) when keys are configured.")
+                });
+                extra.extend([400, 401, 403, 429, 500, 503]);
+            }
+            if let Some(body) = op.get_mut("requestBody") {
+                optional_body(body);
+                extra.extend([400, 413, 415]);
+            }
+            // Any request may be refused by the request timeout.
+            extra.push(503);
+            let responses = op["responses"]
+                .as_object_mut()
+                .expect("every operation declares its success");
+            for s in extra {
+                responses.entry(s.to_string()).or_insert_with(|| {
+                    serde_json::to_value(error_response(s)).expect("a response serializes")
+                });
+            }
+        }
+    }
+}
+
+/// A handler's `Option<Body>` means the body may be empty (utoipa writes it
+/// as a JSON `null` or the body): an empty body, not `null`, is what the
+/// handler accepts.
+fn optional_body(body: &mut Value) {
+    let json = &mut body["content"]["application/json"]["schema"];
+    let Some(one_of) = json.get("oneOf").and_then(Value::as_array) else {
+        return;
+    };
+    let mut rest = one_of
+        .iter()
+        .filter(|s| s.get("type") != Some(&json!("null")));
+    if let (Some(schema), None, 2) = (rest.next().cloned(), rest.next(), one_of.len()) {
+        *json = schema;
+        body["required"] = json!(false);
+    }
+}
+
+/// The description, for a gateway with (`keyed`) or without API keys and
+/// `max_events` events per batch.
+pub fn document(keyed: bool, max_events: usize) -> Value {
+    let mut doc = generated().0.clone();
+    if let Some(events) = doc
+        .pointer_mut("/components/schemas/EventsBody/properties/events")
+        .and_then(Value::as_object_mut)
+    {
+        events.insert("maxItems".into(), json!(max_events));
+    }
+    if keyed {
+        doc["components"]["securitySchemes"] = json!({
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "key": {"type": "apiKey", "in": "query", "name": "key"},
+        });
+        return doc;
+    }
+    // Without keys, no operation asks for one nor refuses one.
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for item in paths.values_mut() {
+            for method in METHODS {
+                let Some(op) = item.get_mut(method).and_then(Value::as_object_mut) else {
+                    continue;
+                };
+                if op.remove("security").is_some() {
+                    if let Some(r) = op.get_mut("responses").and_then(Value::as_object_mut) {
+                        r.remove("401");
+                        r.remove("403");
+                    }
+                }
+            }
+        }
+    }
+    doc
 }

@@ -11,7 +11,11 @@ use super::Gateway;
 use crate::error::ApiError;
 use crate::store::StoreError;
 
+use super::openapi::{MetricsText, OperatorErrors, Status};
+
 /// The process is alive and serving HTTP; says nothing of the store.
+#[utoipa::path(get, path = "/healthz", summary = "The process is alive",
+    responses((status = 200, description = "Success", body = Status)))]
 pub async fn healthz() -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "application/json")],
@@ -21,6 +25,8 @@ pub async fn healthz() -> impl IntoResponse {
 
 /// The store answers: safe to send traffic here. Checks the default
 /// tenant's store: every tenant's lives on the same disk or cluster.
+#[utoipa::path(get, path = "/readyz", summary = "The store answers",
+    responses((status = 200, description = "Success", body = Status)))]
 pub async fn readyz(State(gw): State<Gateway>) -> Result<impl IntoResponse, ApiError> {
     gw.tenants
         .default_tenant()
@@ -36,6 +42,10 @@ pub async fn readyz(State(gw): State<Gateway>) -> Result<impl IntoResponse, ApiE
 
 /// Prometheus metrics of every tenant together; with keys configured, only
 /// for an admin key of every tenant.
+#[utoipa::path(get, path = "/metrics",
+    summary = "Prometheus metrics of every tenant (admin key of tenant * when keys are configured)",
+    responses((status = 200, description = "Success",
+        content((inline(MetricsText) = "text/plain"))), OperatorErrors))]
 pub async fn metrics(_: Operator, State(gw): State<Gateway>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -12,13 +12,19 @@ use crate::domain::{format_day, resolve_window, validate_name, CounterKey, Resol
 use crate::error::ApiError;
 use crate::store::{TopAveragesQuery, TopQuery};
 
+use super::openapi::NotFound;
+
 /// Largest `size` of a top list.
 pub const MAX_TOP_SIZE: usize = 1000;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct KeyPath {
+    #[param(inline, value_type = crate::api::openapi::Name)]
     entity: String,
+    #[param(inline, value_type = crate::api::openapi::Name)]
     action: String,
+    #[param(inline, value_type = crate::api::openapi::Name)]
     uuid: String,
 }
 
@@ -28,9 +34,12 @@ impl KeyPath {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct PairPath {
+    #[param(inline, value_type = crate::api::openapi::Name)]
     entity: String,
+    #[param(inline, value_type = crate::api::openapi::Name)]
     action: String,
 }
 
@@ -78,12 +87,18 @@ fn category(raw: Option<String>) -> Result<Option<String>, ApiError> {
 }
 
 /// The window an answer was computed over, flattened into it.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Window)]
 pub struct WindowJson {
+    #[schema(schema_with = crate::api::openapi::answered_interval)]
     interval: &'static str,
+    /// The first day, absent for all time.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::api::openapi::day)]
     from: Option<String>,
+    /// The last day, absent for all time.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::api::openapi::day)]
     to: Option<String>,
 }
 
@@ -97,21 +112,28 @@ impl From<Resolved> for WindowJson {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct HistogramParams {
+    #[param(inline, value_type = Option<crate::api::openapi::Interval>)]
     interval: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     from: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     to: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Bucket)]
 pub struct BucketJson {
+    #[schema(schema_with = crate::api::openapi::day)]
     day: String,
     value: i64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Histogram)]
 pub struct HistogramJson {
     id: String,
     entity: String,
@@ -120,12 +142,17 @@ pub struct HistogramJson {
     #[serde(flatten)]
     window: WindowJson,
     /// Sum of the buckets; `i128` since a sum of `i64` buckets may leave `i64`.
+    #[schema(schema_with = crate::api::openapi::wide_integer)]
     total: i128,
     buckets: Vec<BucketJson>,
 }
 
 /// `GET /v1/counters/{entity}/{action}/{uuid}/histogram`: the counter's day
 /// buckets inside a window (default `last_month`; `all` is the retention).
+#[utoipa::path(get, path = "/v1/counters/{entity}/{action}/{uuid}/histogram",
+    summary = "Day buckets of a counter and their total inside a window",
+    params(KeyPath, HistogramParams), security(("bearer" = ["read"]), ("key" = ["read"])),
+    responses((status = 200, description = "Success", body = HistogramJson), NotFound))]
 pub async fn histogram(
     Reader(app): Reader,
     PathParams(path): PathParams<KeyPath>,
@@ -166,33 +193,44 @@ pub async fn histogram(
     }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct TopParams {
+    #[param(inline, value_type = Option<crate::api::openapi::Interval>)]
     interval: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     from: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     to: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Name>)]
     category: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Size>)]
     size: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = TopEntry)]
 pub struct TopEntryJson {
     id: String,
     uuid: String,
     /// A window's sum may leave i64; serde_json writes every digit.
+    #[schema(schema_with = crate::api::openapi::wide_integer)]
     value: i128,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     category: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Top)]
 pub struct TopJson {
     entity: String,
     action: String,
     #[serde(flatten)]
     window: WindowJson,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     category: Option<String>,
     size: usize,
     /// Whether the list is exact rather than approximated from partial sums.
@@ -211,6 +249,10 @@ fn doc_id(entity: &str, action: &str, uuid: &str) -> String {
 
 /// `GET /v1/top/{entity}/{action}`: the highest counters, all time or
 /// summed over a window; ties by uuid ascending.
+#[utoipa::path(get, path = "/v1/top/{entity}/{action}",
+    summary = "The highest counters, all time or inside a window",
+    params(PairPath, TopParams), security(("bearer" = ["read"]), ("key" = ["read"])),
+    responses((status = 200, description = "Success", body = TopJson)))]
 pub async fn top(
     Reader(app): Reader,
     PathParams(path): PathParams<PairPath>,
@@ -251,35 +293,50 @@ pub async fn top(
     }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct TopAveragesParams {
+    #[param(inline, value_type = Option<crate::api::openapi::Interval>)]
     interval: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     from: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     to: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Name>)]
     category: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Size>)]
     size: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Positive>)]
     min_quantity: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = AverageEntry)]
 pub struct AverageEntryJson {
     id: String,
     uuid: String,
+    #[schema(schema_with = crate::api::openapi::wide_integer)]
     sum: i128,
+    #[schema(schema_with = crate::api::openapi::wide_integer)]
     quantity: i128,
+    /// `sum / quantity`; `null` without samples.
+    #[schema(required = true)]
     average: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     category: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = TopAverages)]
 pub struct TopAveragesJson {
     entity: String,
     action: String,
     #[serde(flatten)]
     window: WindowJson,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     category: Option<String>,
     min_quantity: i64,
     size: usize,
@@ -295,6 +352,10 @@ pub fn mean(sum: i128, quantity: i128) -> Option<f64> {
 /// `GET /v1/top-averages/{entity}/{action}`: the highest averages among those
 /// with at least `min_quantity` samples (default 1); ties by quantity
 /// descending, then uuid ascending.
+#[utoipa::path(get, path = "/v1/top-averages/{entity}/{action}",
+    summary = "The highest averages",
+    params(PairPath, TopAveragesParams), security(("bearer" = ["read"]), ("key" = ["read"])),
+    responses((status = 200, description = "Success", body = TopAveragesJson)))]
 pub async fn top_averages(
     Reader(app): Reader,
     PathParams(path): PathParams<PairPath>,

@@ -64,22 +64,31 @@ fn decode_cursor(raw: &str) -> Result<(i64, CounterKey), ApiError> {
     Ok((ms, key))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct StaleParams {
+    #[param(inline, value_type = Option<crate::api::openapi::Days>)]
     days: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Name>)]
     entity: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Name>)]
     action: Option<String>,
+    #[param(inline, value_type = Option<crate::api::openapi::Size>)]
     size: Option<String>,
     cursor: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Stale)]
 pub struct StaleJson {
     days: i64,
     /// Counters last touched before this instant are in the report.
+    #[schema(schema_with = crate::api::openapi::timestamp)]
     before: String,
     counters: Vec<Counter>,
+    /// The `cursor` of the next page; `null` on the last.
+    #[schema(required = true)]
     next_cursor: Option<String>,
 }
 
@@ -101,6 +110,14 @@ fn wants_csv(headers: &HeaderMap) -> bool {
 /// `GET /v1/reports/stale`: counters untouched for `days` (default 30),
 /// oldest first, then by entity, action, uuid; `size` rows a page (default
 /// 100) and a `next_cursor` while more may follow.
+#[utoipa::path(get, path = "/v1/reports/stale",
+    summary = "Counters untouched for `days`, oldest first, paged with a cursor (CSV with Accept: text/csv)",
+    params(StaleParams), security(("bearer" = ["read"]), ("key" = ["read"])),
+    responses((status = 200, description = "Success",
+        headers(("X-Next-Cursor" = String,
+            description = "CSV only: the `cursor` of the next page, absent on the last")),
+        content((StaleJson = "application/json"),
+            (inline(crate::api::openapi::StaleCsv) = "text/csv")))))]
 pub async fn stale(
     Reader(app): Reader,
     headers: HeaderMap,
@@ -189,24 +206,31 @@ fn to_csv(counters: &[Counter]) -> String {
     out
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct UnusedParams {
+    #[param(inline, value_type = Option<crate::api::openapi::Days>)]
     days: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = UnusedPair)]
 pub struct UnusedPairJson {
     entity: String,
     action: String,
+    #[schema(schema_with = crate::api::openapi::timestamp)]
     last_touch: String,
+    #[schema(schema_with = crate::api::openapi::wide_integer)]
     total: i128,
     counters: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Unused)]
 pub struct UnusedJson {
     days: i64,
+    #[schema(schema_with = crate::api::openapi::timestamp)]
     before: String,
     pairs: Vec<UnusedPairJson>,
 }
@@ -214,6 +238,10 @@ pub struct UnusedJson {
 /// `GET /v1/reports/unused`: the entity/action pairs none of whose counters
 /// was touched for `days` (default 30), least recently touched first, with
 /// their last touch, the total of their values and how many counters they have.
+#[utoipa::path(get, path = "/v1/reports/unused",
+    summary = "Entity/action pairs with no touch in `days`",
+    params(UnusedParams), security(("bearer" = ["read"]), ("key" = ["read"])),
+    responses((status = 200, description = "Success", body = UnusedJson)))]
 pub async fn unused(
     Reader(app): Reader,
     QueryParams(p): QueryParams<UnusedParams>,

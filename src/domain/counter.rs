@@ -16,18 +16,36 @@ pub struct Counter {
     pub recorded_ms: i64,
 }
 
-/// The JSON shape of a counter.
-#[derive(Serialize)]
+/// A counter.
+// The JSON shape of [`Counter`], and its OpenAPI schema.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Counter)]
 struct CounterJson<'a> {
+    /// The document id, `{entity}_{action}_{uuid}` with `_` and `%` escaped.
     id: String,
     entity: &'a str,
     action: &'a str,
     uuid: &'a str,
     value: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     category: Option<&'a str>,
+    #[schema(schema_with = crate::api::openapi::timestamp)]
     first_timestamp: String,
+    #[schema(schema_with = crate::api::openapi::timestamp)]
     recorded_timestamp: String,
+}
+
+impl utoipa::PartialSchema for Counter {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+        CounterJson::schema()
+    }
+}
+
+impl utoipa::ToSchema for Counter {
+    fn name() -> std::borrow::Cow<'static, str> {
+        CounterJson::name()
+    }
 }
 
 pub fn format_ms(ms: i64) -> String {
