@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Checks a live gateway against its own /openapi.json with schemathesis: no
 # 5xx, no status, header, content type or body outside the description.
+# Every answer has a schema with its fields (generated from the structs the
+# handlers serialize, tests/openapi.rs makes sure), so a field of the wrong
+# type or missing is a failure here (ST108 "Response violates schema").
 #
 # Installs schemathesis (PyPI) in a venv under target/schemathesis, builds the
 # debug binary, starts it on a free loopback port over a temporary data
