@@ -31,6 +31,23 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
     }
 }
 
+/// Described as `T`: the wrapper changes what parses, not the shape.
+impl<T: utoipa::PartialSchema> utoipa::PartialSchema for Object<T> {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+        T::schema()
+    }
+}
+
+impl<T: utoipa::ToSchema> utoipa::ToSchema for Object<T> {
+    fn name() -> Cow<'static, str> {
+        T::name()
+    }
+
+    fn schemas(schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::Schema>)>) {
+        T::schemas(schemas)
+    }
+}
+
 /// `Option<Cow<str>>` borrowed from the body when the JSON string has no
 /// escape. serde borrows a bare `Cow<str>` field marked `borrow`, but an
 /// `Option` of one always allocates; the message for a wrong type is the

@@ -396,6 +396,14 @@ fn role(op: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The description of an operation that needs a `role` key.
+fn role_needed(role: &str) -> String {
+    match role {
+        "admin" => "Needs an `admin` key when keys are configured.".into(),
+        role => format!("Needs a `{role}` key (or `admin`) when keys are configured."),
+    }
+}
+
 /// What the layers around the handlers add, the same for any configuration.
 fn shared(doc: &mut Value) {
     let Some(paths) = doc["paths"].as_object_mut() else {
@@ -420,11 +428,7 @@ fn shared(doc: &mut Value) {
                     "schema": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,63}$"}}),
                 );
                 op["parameters"] = Value::Array(params);
-                op["description"] = json!(if role == "admin" {
-                    "Needs an `admin` key when keys are configured.".to_string()
-                } else {
-                    format!("Needs a `{role}` key (or `admin`) when keys are configured.")
-                });
+                op["description"] = json!(role_needed(&role));
                 extra.extend([400, 401, 403, 429, 500, 503]);
             }
             if let Some(body) = op.get_mut("requestBody") {
@@ -462,15 +466,19 @@ fn optional_body(body: &mut Value) {
     }
 }
 
+/// The arrays of a batch body, whose `maxItems` is the configured
+/// `--max-events-per-request`, known only when the description is served.
+const BATCHES: &[&str] = &["/components/schemas/EventsBody/properties/events"];
+
 /// The description, for a gateway with (`keyed`) or without API keys and
 /// `max_events` events per batch.
 pub fn document(keyed: bool, max_events: usize) -> Value {
     let mut doc = generated().0.clone();
-    if let Some(events) = doc
-        .pointer_mut("/components/schemas/EventsBody/properties/events")
-        .and_then(Value::as_object_mut)
-    {
-        events.insert("maxItems".into(), json!(max_events));
+    for batch in BATCHES {
+        let array = doc.pointer_mut(batch).and_then(Value::as_object_mut);
+        array
+            .expect("a batch array of the description")
+            .insert("maxItems".into(), json!(max_events));
     }
     if keyed {
         doc["components"]["securitySchemes"] = json!({
