@@ -6,7 +6,7 @@
 //! an answer is described without another edit.
 //!
 //! What the layers around every handler add is written here once, in
-//! [`finish`], rather than on each handler: the role extractors (`X-Tenant`,
+//! [`shared`] and [`document`], rather than on each handler: the role extractors (`X-Tenant`,
 //! 400/401/403/429/500/503 and the role's description, for every operation
 //! with `security`), the body extractor (400/413/415 for every operation with a
 //! body), the request timeout (503 everywhere), and what depends on the
@@ -414,6 +414,9 @@ fn shared(doc: &mut Value) {
             let Some(op) = item.get_mut(method) else {
                 continue;
             };
+            // From the method and path, as before utoipa: its default, the
+            // handler's name, repeats (`get` in several modules), and
+            // clients generated from the description keep their names.
             op["operationId"] = json!(format!(
                 "{method}{}",
                 path.replace(['/', '{', '}', '.', '-'], "_")
