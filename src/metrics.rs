@@ -27,6 +27,8 @@ pub const ROUTES: &[&str] = &[
     "/dashboard",
     "/dashboard/dashboard.js",
     "/dashboard/dashboard.css",
+    "/v1/counters",
+    "/v1/counters/get",
 ];
 /// The route label of requests no route matched.
 pub const UNMATCHED: usize = ROUTES.len();
