@@ -305,6 +305,12 @@ async fn an_etag_round_trip_gives_304_and_a_change_gives_a_new_etag_and_200() {
     let r = app.send(with("\"other\"")).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.text, first.text);
+    assert_eq!(
+        app.metric("counter_gateway_http_requests_total{route=\"/v1/counters\",method=\"GET\",status=\"304\"}")
+            .await,
+        4.0,
+        "304s are counted as such, under the route"
+    );
 
     // A missing key that gets counted changes the answer, so its tag.
     count(&app, "ARTICLE", "VIEW", "a2", json!({})).await;
@@ -456,7 +462,12 @@ async fn a_public_key_reads_counters_by_key_only_and_any_page_may_read_the_answe
                 .bearer_auth("wr"),
         )
         .await;
-    assert_error(&r, 403, "forbidden", &["write key"]);
+    assert_error(
+        &r,
+        403,
+        "forbidden",
+        &["write key", "needs a public or read key"],
+    );
     let r = app.get("/v1/counters?keys=VIDEO/VIEW/v1").await;
     assert_error(&r, 401, "unauthorized", &[]);
     // The public key is bound to its tenant like any other.

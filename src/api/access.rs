@@ -113,8 +113,14 @@ fn authorize(
     }
     let grant = limited_grant(parts, gw)?.ok_or_else(missing_key)?;
     if !grant.role.allows(needed) {
+        let needs = match needed {
+            Role::Public => "a public or read",
+            Role::Write => "a write",
+            Role::Read => "a read",
+            Role::Admin => "an admin",
+        };
         return Err(ApiError::Forbidden(format!(
-            "this is a {} key; this request needs a {needed} key",
+            "this is a {} key; this request needs {needs} key",
             grant.role
         )));
     }
