@@ -423,4 +423,18 @@ mod tests {
             .unwrap_err()
             .contains("--sqlite-memory-budget"));
     }
+
+    #[test]
+    fn the_counters_cache_max_age_is_whole_seconds_or_absent() {
+        assert_eq!(parse(&[]).counters_cache_max_age, None);
+        let a = parse(&["--counters-cache-max-age", "1m"]);
+        assert_eq!(a.counters_cache_max_age, Some(Duration::from_secs(60)));
+        assert!(a.validate().is_ok());
+        for bad in ["0s", "1500ms"] {
+            let e = parse(&["--counters-cache-max-age", bad])
+                .validate()
+                .unwrap_err();
+            assert!(e.contains("--counters-cache-max-age"), "{bad}: {e}");
+        }
+    }
 }
