@@ -23,8 +23,9 @@ pub const UNMATCHED: usize = usize::MAX;
 
 const METHODS: [&str; 4] = ["GET", "POST", "DELETE", "OTHER"];
 /// Statuses counted on their own; any other is counted as `other`.
-const STATUSES: [u16; 15] = [
-    200, 204, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 0,
+/// 304 is what a cacheable multi-read mostly answers once pages revalidate.
+const STATUSES: [u16; 16] = [
+    200, 204, 304, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 0,
 ];
 /// Upper bounds of the request latency buckets, in seconds.
 const LATENCY_BOUNDS: [f64; 12] = [

@@ -266,6 +266,10 @@ impl Store for Recorder {
     async fn top_averages(&self, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
         self.inner.top_averages(q).await
     }
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        self.reads()?;
+        self.inner.get_many(keys).await
+    }
 }
 
 struct Recorded {

@@ -10,6 +10,7 @@ pub mod edge;
 pub mod events;
 mod extract;
 mod model;
+mod multiread;
 pub mod openapi;
 mod ops;
 mod queries;
@@ -39,6 +40,9 @@ pub struct Gateway {
     /// Allowed browser origins (empty: no CORS).
     pub cors_origins: Arc<[String]>,
     pub metrics: Arc<Metrics>,
+    /// `max-age` of `GET /v1/counters` answers, sent as `public`; `None`:
+    /// `no-cache` (caches revalidate every time, by ETag).
+    pub counters_max_age: Option<Duration>,
 }
 
 impl Gateway {
@@ -51,6 +55,7 @@ impl Gateway {
             rate_limit: None,
             request_timeout: None,
             cors_origins: Arc::new([]),
+            counters_max_age: None,
         }
     }
 }
@@ -91,6 +96,8 @@ pub(crate) fn table() -> OpenApiRouter<Gateway> {
         .routes(routes!(dashboard::page))
         .routes(routes!(dashboard::script))
         .routes(routes!(dashboard::style))
+        .routes(routes!(multiread::get))
+        .routes(routes!(multiread::post))
 }
 
 /// The whole HTTP API over `gw`; `serve` and the tests drive exactly this

@@ -400,6 +400,7 @@ fn role(op: &Value) -> Option<String> {
 fn role_needed(role: &str) -> String {
     match role {
         "admin" => "Needs an `admin` key when keys are configured.".into(),
+        "public" => "Needs a `public` key (or `read`, `admin`) when keys are configured; answers to a `public` key carry `Access-Control-Allow-Origin: *`.".into(),
         role => format!("Needs a `{role}` key (or `admin`) when keys are configured."),
     }
 }

@@ -89,4 +89,8 @@ impl Store for EmptyStore {
             exact: true,
         })
     }
+
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        Ok(vec![None; keys.len()])
+    }
 }

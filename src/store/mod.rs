@@ -122,6 +122,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The highest averages; see [`TopAveragesQuery`] for the order.
     async fn top_averages(&self, query: &TopAveragesQuery) -> Result<TopAverages, StoreError>;
+
+    /// The counters of `keys`, one answer per key in the same order (`None`:
+    /// never counted), in one read: one snapshot on the embedded store, one
+    /// realtime `_mget` on Elasticsearch (so, like [`Store::get`], it sees
+    /// every acknowledged write). A key given twice is answered twice.
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError>;
 }
 
 /// One day bucket of a counter's histogram.

@@ -37,6 +37,7 @@ pub enum Durability {
 }
 
 mod background;
+mod multiget;
 mod queries;
 mod rollup;
 
@@ -902,17 +903,14 @@ impl Store for SqliteStore {
     async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError> {
         let key = key.clone();
         self.with_reader(move |conn| {
-            conn.prepare_cached(
-                "SELECT value, category, first_ts, recorded_ts FROM counters
-                 WHERE entity = ?1 AND action = ?2 AND uuid = ?3",
-            )
-            .and_then(|mut s| {
-                s.query_row(params![&*key.entity, &*key.action, &*key.uuid], |r| {
-                    read_counter(r, key.clone())
+            conn.prepare_cached(multiget::BY_KEY)
+                .and_then(|mut s| {
+                    s.query_row(params![&*key.entity, &*key.action, &*key.uuid], |r| {
+                        read_counter(r, key.clone())
+                    })
+                    .optional()
                 })
-                .optional()
-            })
-            .map_err(internal)
+                .map_err(internal)
         })
         .await
     }
@@ -1085,6 +1083,15 @@ impl Store for SqliteStore {
     async fn top_averages(&self, query: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
         let query = query.clone();
         self.with_reader(move |c| queries::top_averages(c, &query))
+            .await
+    }
+
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = keys.to_vec();
+        self.with_reader(move |c| multiget::counters(c, &keys))
             .await
     }
 }

@@ -225,4 +225,8 @@ impl Store for ElasticsearchStore {
     async fn top_averages(&self, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
         self.read_top_averages(q).await
     }
+
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        self.get_counters(keys).await
+    }
 }
