@@ -27,12 +27,14 @@ pub const ROUTES: &[&str] = &[
     "/dashboard",
     "/dashboard/dashboard.js",
     "/dashboard/dashboard.css",
+    "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
+    "/v1/days",
 ];
 /// The route label of requests no route matched.
 pub const UNMATCHED: usize = ROUTES.len();
 const ROUTE_LABELS: usize = ROUTES.len() + 1;
 
-const METHODS: [&str; 4] = ["GET", "POST", "DELETE", "OTHER"];
+const METHODS: [&str; 5] = ["GET", "POST", "DELETE", "OTHER", "PUT"];
 /// Statuses counted on their own; any other is counted as `other`.
 const STATUSES: [u16; 15] = [
     200, 204, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 0,
@@ -184,6 +186,7 @@ impl Metrics {
             axum::http::Method::GET => 0,
             axum::http::Method::POST => 1,
             axum::http::Method::DELETE => 2,
+            axum::http::Method::PUT => 4,
             _ => 3,
         };
         let s = STATUSES

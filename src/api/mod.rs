@@ -6,6 +6,7 @@ pub mod access;
 mod averages;
 mod counters;
 pub mod dashboard;
+mod days;
 pub mod edge;
 pub mod events;
 mod extract;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 
 use crate::error::ApiError;
@@ -105,6 +106,11 @@ pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
         .route("/dashboard", get(dashboard::page))
         .route("/dashboard/dashboard.js", get(dashboard::script))
         .route("/dashboard/dashboard.css", get(dashboard::style))
+        .route(
+            "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
+            put(days::put_one),
+        )
+        .route("/v1/days", put(days::put_many))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))

@@ -23,6 +23,8 @@ pub enum Param {
     Name(&'static str),
     /// An optional query parameter with its schema.
     Query(&'static str, &'static str),
+    /// A UTC day in the path, `YYYY-MM-DD`.
+    Day(&'static str),
 }
 
 /// The body an operation takes.
@@ -32,6 +34,10 @@ pub enum Body {
     Increment,
     Events,
     Sample,
+    /// One backfilled day: `{"value", "category"}`.
+    Day,
+    /// Many: `{"days": [...]}`.
+    Days,
 }
 
 pub struct Operation {
@@ -89,6 +95,12 @@ const STALE: &[Param] = &[
     Param::Query("cursor", "string"),
 ];
 const UNUSED: &[Param] = &[Param::Query("days", "days")];
+const KEY_DAY: &[Param] = &[
+    Param::Name("entity"),
+    Param::Name("action"),
+    Param::Name("uuid"),
+    Param::Day("day"),
+];
 
 /// Every operation of the API.
 pub const OPERATIONS: &[Operation] = &[
@@ -292,6 +304,26 @@ pub const OPERATIONS: &[Operation] = &[
         ok: (200, "Style"),
         errors: &[304],
     },
+    Operation {
+        method: "put",
+        path: "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
+        summary: "Backfill: set one UTC day's bucket to `value`, moving the counter by the difference (created if absent); setting it twice is the same as once",
+        role: Some(Role::Admin),
+        params: KEY_DAY,
+        body: Body::Day,
+        ok: (200, "DaySet"),
+        errors: &[409],
+    },
+    Operation {
+        method: "put",
+        path: "/v1/days",
+        summary: "Backfill many days of many counters, all validated before any is set, all or nothing",
+        role: Some(Role::Admin),
+        params: &[],
+        body: Body::Days,
+        ok: (200, "DaysSet"),
+        errors: &[409],
+    },
 ];
 
 /// Statuses every operation that takes a key can answer.
@@ -387,6 +419,29 @@ fn body_schema(body: Body, max_events: usize) -> Option<Value> {
                 ("retract".to_string(), json!({"type": "boolean"})),
             ])),
         })),
+        Body::Day => Some(json!({
+            "type": "object", "additionalProperties": false, "required": ["value"],
+            "properties": {
+                "value": {"type": "integer", "format": "int64"},
+                "category": nullable(name_schema()),
+            },
+        })),
+        Body::Days => {
+            let day = json!({
+                "type": "object", "additionalProperties": false,
+                "required": ["entity", "action", "uuid", "day", "value"],
+                "properties": {
+                    "entity": name_schema(), "action": name_schema(), "uuid": name_schema(),
+                    "day": {"type": "string", "format": "date"},
+                    "value": {"type": "integer", "format": "int64"},
+                    "category": nullable(name_schema()),
+                },
+            });
+            Some(json!({
+                "type": "object", "additionalProperties": false, "required": ["days"],
+                "properties": {"days": {"type": "array", "minItems": 1, "maxItems": max_events, "items": day}},
+            }))
+        }
         Body::Events => {
             let event = json!({
                 "type": "object", "additionalProperties": false,
@@ -454,6 +509,19 @@ fn schemas() -> Value {
                 "properties": {"day": {"type": "string"}, "value": {"type": "integer"}},
             }}},
         },
+        "DaySet": {
+            "type": "object", "required": ["day", "value", "previous"],
+            "properties": {
+                "day": {"type": "string", "format": "date"},
+                "value": {"type": "integer", "format": "int64"},
+                "previous": {"type": "integer", "format": "int64"},
+                "counter": {"$ref": "#/components/schemas/Counter"},
+            },
+        },
+        "DaysSet": {
+            "type": "object", "required": ["set", "changed"],
+            "properties": {"set": {"type": "integer"}, "changed": {"type": "integer"}},
+        },
         "Deleted": {"type": "object", "required": ["deleted"], "properties": {"deleted": {"type": "boolean"}}},
         "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
         "Object": {"type": "object"},
@@ -471,6 +539,7 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
             params.push(match p {
                 Param::Name(n) => json!({"name": n, "in": "path", "required": true, "schema": name_schema()}),
                 Param::Query(n, kind) => json!({"name": n, "in": "query", "required": false, "schema": query_schema(kind)}),
+                Param::Day(n) => json!({"name": n, "in": "path", "required": true, "schema": query_schema("day")}),
             });
         }
         if op.role.is_some() {
@@ -538,7 +607,10 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
             }
         }
         if let Some(schema) = body_schema(op.body, max_events) {
-            let required = op.body == Body::Events || op.body == Body::Sample;
+            let required = matches!(
+                op.body,
+                Body::Events | Body::Sample | Body::Day | Body::Days
+            );
             o["requestBody"] = json!({"required": required, "content": {
                 "application/json": {"schema": schema},
                 "text/plain": {"schema": {"type": "string"}},

@@ -9,10 +9,10 @@
 use async_trait::async_trait;
 
 use super::{
-    Average, BatchOutcome, Bucket, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
-    TopList, TopQuery, UnusedPair, WriteBatch,
+    Average, BatchOutcome, Bucket, DaysOutcome, StaleQuery, Store, StoreError, TopAverages,
+    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
 };
-use crate::domain::{Counter, CounterKey, Window};
+use crate::domain::{Counter, CounterKey, DaySet, Window};
 
 /// A store with no counters; see the module documentation.
 #[derive(Clone, Copy, Debug, Default)]
@@ -88,5 +88,13 @@ impl Store for EmptyStore {
             entries: Vec::new(),
             exact: true,
         })
+    }
+
+    async fn set_days(
+        &self,
+        _sets: Vec<DaySet>,
+        _oldest_day: i64,
+    ) -> Result<DaysOutcome, StoreError> {
+        Err(StoreError::Internal(NO_WRITES.into()))
     }
 }

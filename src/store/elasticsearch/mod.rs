@@ -52,6 +52,7 @@
 //!   counter, so a failed delete can be repeated. Increments that race with a
 //!   delete may recreate the counter, as with the embedded store.
 
+mod backfill;
 mod client;
 pub mod config;
 pub mod indices;
@@ -73,10 +74,10 @@ use elasticsearch::Elasticsearch;
 use self::config::{Auth, EsConfig};
 use self::retry::Jitter;
 use super::{
-    Average, BatchOutcome, Bucket, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
-    TopList, TopQuery, UnusedPair, WriteBatch,
+    Average, BatchOutcome, Bucket, DaysOutcome, StaleQuery, Store, StoreError, TopAverages,
+    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
 };
-use crate::domain::{Clock, Counter, CounterKey, Window};
+use crate::domain::{Clock, Counter, CounterKey, DaySet, Window};
 
 pub use self::config::{ElasticsearchArgs, SetupArgs};
 pub use self::setup::SetupReport;
@@ -93,6 +94,8 @@ pub struct ElasticsearchStore {
     /// Months whose bucket indices this tenant's store created or found
     /// ([`indices`]), at most [`indices::MAX_ENSURED_MONTHS`].
     ensured_months: std::sync::Mutex<std::collections::BTreeSet<indices::Month>>,
+    /// Indices given the backfill fields' mapping by this store (`backfill`).
+    mapped_for_sets: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl ElasticsearchStore {
@@ -123,6 +126,7 @@ impl ElasticsearchStore {
             jitter: Jitter::from_clock(),
             engine: std::sync::OnceLock::new(),
             ensured_months: Default::default(),
+            mapped_for_sets: Default::default(),
         })
     }
 
@@ -160,6 +164,7 @@ impl ElasticsearchStore {
             jitter: Jitter::from_clock(),
             engine: self.engine.clone(),
             ensured_months: Default::default(),
+            mapped_for_sets: Default::default(),
         })
     }
 }
@@ -224,5 +229,13 @@ impl Store for ElasticsearchStore {
 
     async fn top_averages(&self, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
         self.read_top_averages(q).await
+    }
+
+    async fn set_days(
+        &self,
+        sets: Vec<DaySet>,
+        oldest_day: i64,
+    ) -> Result<DaysOutcome, StoreError> {
+        self.set_days_es(sets, oldest_day).await
     }
 }
