@@ -574,13 +574,15 @@ impl ElasticsearchStore {
                 404 if response::error_type(&answer) == Some("index_not_found_exception") => {
                     continue
                 }
-                _ => return Err(status_error(
-                    status,
-                    format!(
+                _ => {
+                    return Err(status_error(
+                        status,
+                        format!(
                         "adding the backfill fields to the mapping of {index} answered {status} {}",
                         response::describe_error(answer.get("error"))
                     ),
-                )),
+                    ))
+                }
             }
             let mut done = self
                 .mapped_for_sets
