@@ -419,7 +419,9 @@ impl ElasticsearchStore {
             "delta": if counted { set.delta.as_str() } else { "0" },
             "touch_ms": set.touch_ms,
             "category": set.category.as_deref(),
-            "oldest_day": format_day(oldest_day),
+            // A day of margin: another gateway whose clock is a little
+            // behind may still accept (and complete) a set of the oldest day.
+            "oldest_day": format_day(oldest_day - 1),
         });
         let body = serde_json::to_vec(&json!({
             "scripted_upsert": true,

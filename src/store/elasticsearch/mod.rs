@@ -9,7 +9,9 @@
 //! expired ones deleted where there is no ILM), [`writes`] (a flush as `_bulk`, retries, overflow,
 //! deletes) with [`request`] (write bodies, pure) and [`response`]
 //! (classifying answers, pure), [`reads`] with [`query`] (read queries and
-//! their answers, pure; says what is exact), [`retry`] (back-off as a value).
+//! their answers, pure; says what is exact), [`retry`] (back-off as a value),
+//! [`backfill`] (days set to a value: bucket first, then the counter, each
+//! set completed by the next one should a crash cut it short).
 //!
 //! # What is and is not atomic here
 //!
