@@ -415,9 +415,9 @@ async fn setup_is_idempotent() {
     let store =
         ElasticsearchStore::new(EsConfig::new(&url, &prefix, "default").unwrap(), clock()).unwrap();
     let first = store.setup().await.unwrap();
-    // Four scripts, five component and four index templates, and on
+    // Five scripts, five component and four index templates, and on
     // Elasticsearch the ILM policy (OpenSearch has no ILM).
-    let want = if first.engine.has_ilm() { 14 } else { 13 };
+    let want = if first.engine.has_ilm() { 15 } else { 14 };
     assert_eq!(first.installed.len(), want, "{first:?}");
     let second = store.setup().await.unwrap();
     assert!(second.installed.is_empty(), "{second:?}");
