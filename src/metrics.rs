@@ -29,12 +29,14 @@ pub const ROUTES: &[&str] = &[
     "/dashboard/dashboard.css",
     "/v1/counters",
     "/v1/counters/get",
+    "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
+    "/v1/days",
 ];
 /// The route label of requests no route matched.
 pub const UNMATCHED: usize = ROUTES.len();
 const ROUTE_LABELS: usize = ROUTES.len() + 1;
 
-const METHODS: [&str; 4] = ["GET", "POST", "DELETE", "OTHER"];
+const METHODS: [&str; 5] = ["GET", "POST", "DELETE", "OTHER", "PUT"];
 /// Statuses counted on their own; any other is counted as `other`.
 /// 304 is what a cacheable multi-read mostly answers once pages revalidate.
 const STATUSES: [u16; 16] = [
@@ -187,6 +189,7 @@ impl Metrics {
             axum::http::Method::GET => 0,
             axum::http::Method::POST => 1,
             axum::http::Method::DELETE => 2,
+            axum::http::Method::PUT => 4,
             _ => 3,
         };
         let s = STATUSES

@@ -6,6 +6,7 @@ pub mod access;
 mod averages;
 mod counters;
 pub mod dashboard;
+mod days;
 pub mod edge;
 pub mod events;
 mod extract;
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 
 use crate::error::ApiError;
@@ -112,6 +113,11 @@ pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
         .route("/dashboard/dashboard.css", get(dashboard::style))
         .route("/v1/counters", get(multiread::get))
         .route("/v1/counters/get", post(multiread::post))
+        .route(
+            "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
+            put(days::put_one),
+        )
+        .route("/v1/days", put(days::put_many))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))

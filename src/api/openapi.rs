@@ -25,6 +25,8 @@ pub enum Param {
     Query(&'static str, &'static str),
     /// A required query parameter with its schema.
     Required(&'static str, &'static str),
+    /// A UTC day in the path, `YYYY-MM-DD`.
+    Day(&'static str),
 }
 
 /// The body an operation takes.
@@ -36,6 +38,10 @@ pub enum Body {
     Sample,
     /// The keys of a multi-read.
     Keys,
+    /// One backfilled day: `{"value", "category"}`.
+    Day,
+    /// Many: `{"days": [...]}`.
+    Days,
 }
 
 pub struct Operation {
@@ -93,6 +99,12 @@ const STALE: &[Param] = &[
     Param::Query("cursor", "string"),
 ];
 const UNUSED: &[Param] = &[Param::Query("days", "days")];
+const KEY_DAY: &[Param] = &[
+    Param::Name("entity"),
+    Param::Name("action"),
+    Param::Name("uuid"),
+    Param::Day("day"),
+];
 
 /// Every operation of the API.
 pub const OPERATIONS: &[Operation] = &[
@@ -316,6 +328,26 @@ pub const OPERATIONS: &[Operation] = &[
         ok: (200, "CounterValues"),
         errors: &[413, 415],
     },
+    Operation {
+        method: "put",
+        path: "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
+        summary: "Backfill: set one UTC day's bucket to `value`, moving the counter by the difference (created if absent); setting it twice is the same as once",
+        role: Some(Role::Admin),
+        params: KEY_DAY,
+        body: Body::Day,
+        ok: (200, "DaySet"),
+        errors: &[409],
+    },
+    Operation {
+        method: "put",
+        path: "/v1/days",
+        summary: "Backfill many days of many counters, all validated before any is set, all or nothing",
+        role: Some(Role::Admin),
+        params: &[],
+        body: Body::Days,
+        ok: (200, "DaysSet"),
+        errors: &[409],
+    },
 ];
 
 /// Statuses every operation that takes a key can answer.
@@ -414,6 +446,29 @@ fn body_schema(body: Body, max_events: usize) -> Option<Value> {
                 ("retract".to_string(), json!({"type": "boolean"})),
             ])),
         })),
+        Body::Day => Some(json!({
+            "type": "object", "additionalProperties": false, "required": ["value"],
+            "properties": {
+                "value": {"type": "integer", "format": "int64"},
+                "category": nullable(name_schema()),
+            },
+        })),
+        Body::Days => {
+            let day = json!({
+                "type": "object", "additionalProperties": false,
+                "required": ["entity", "action", "uuid", "day", "value"],
+                "properties": {
+                    "entity": name_schema(), "action": name_schema(), "uuid": name_schema(),
+                    "day": {"type": "string", "format": "date"},
+                    "value": {"type": "integer", "format": "int64"},
+                    "category": nullable(name_schema()),
+                },
+            });
+            Some(json!({
+                "type": "object", "additionalProperties": false, "required": ["days"],
+                "properties": {"days": {"type": "array", "minItems": 1, "maxItems": max_events, "items": day}},
+            }))
+        }
         Body::Events => {
             let event = json!({
                 "type": "object", "additionalProperties": false,
@@ -492,6 +547,19 @@ fn schemas() -> Value {
                 "properties": {"day": {"type": "string"}, "value": {"type": "integer"}},
             }}},
         },
+        "DaySet": {
+            "type": "object", "required": ["day", "value", "previous"],
+            "properties": {
+                "day": {"type": "string", "format": "date"},
+                "value": {"type": "integer", "format": "int64"},
+                "previous": {"type": "integer", "format": "int64"},
+                "counter": {"$ref": "#/components/schemas/Counter"},
+            },
+        },
+        "DaysSet": {
+            "type": "object", "required": ["set", "changed"],
+            "properties": {"set": {"type": "integer"}, "changed": {"type": "integer"}},
+        },
         "Deleted": {"type": "object", "required": ["deleted"], "properties": {"deleted": {"type": "boolean"}}},
         "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
         "Object": {"type": "object"},
@@ -524,6 +592,7 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
                 Param::Name(n) => json!({"name": n, "in": "path", "required": true, "schema": name_schema()}),
                 Param::Query(n, kind) => json!({"name": n, "in": "query", "required": false, "schema": query_schema(kind)}),
                 Param::Required(n, kind) => json!({"name": n, "in": "query", "required": true, "schema": query_schema(kind)}),
+                Param::Day(n) => json!({"name": n, "in": "path", "required": true, "schema": query_schema("day")}),
             });
         }
         if op.role.is_some() {
@@ -597,7 +666,10 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
             }
         }
         if let Some(schema) = body_schema(op.body, max_events) {
-            let required = matches!(op.body, Body::Events | Body::Sample | Body::Keys);
+            let required = matches!(
+                op.body,
+                Body::Events | Body::Sample | Body::Keys | Body::Day | Body::Days
+            );
             o["requestBody"] = json!({"required": required, "content": {
                 "application/json": {"schema": schema},
                 "text/plain": {"schema": {"type": "string"}},
