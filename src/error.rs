@@ -26,6 +26,9 @@ pub enum ApiError {
     /// A batch with bad events; nothing of it was applied.
     #[error("{} invalid event(s) in the batch; none of its events was applied", .0.len())]
     InvalidEvents(Vec<EventError>),
+    /// A backfill batch with bad days; nothing of it was applied.
+    #[error("{} invalid day(s) in the batch; none of its days was set", .0.len())]
+    InvalidDays(Vec<EventError>),
     /// No API key, or not a configured one (401 with `WWW-Authenticate`).
     #[error("{0}")]
     Unauthorized(String),
@@ -68,7 +71,9 @@ pub enum ApiError {
 impl ApiError {
     fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest(_) | ApiError::InvalidEvents(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest(_) | ApiError::InvalidEvents(_) | ApiError::InvalidDays(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -89,6 +94,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => "invalid_request",
             ApiError::InvalidEvents(_) => "invalid_events",
+            ApiError::InvalidDays(_) => "invalid_days",
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
@@ -146,7 +152,7 @@ impl IntoResponse for ApiError {
             other => other.to_string(),
         };
         let details = match &self {
-            ApiError::InvalidEvents(d) => Some(d.as_slice()),
+            ApiError::InvalidEvents(d) | ApiError::InvalidDays(d) => Some(d.as_slice()),
             _ => None,
         };
         let body = ErrorJson {

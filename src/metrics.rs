@@ -21,7 +21,7 @@ pub fn routes() -> &'static [String] {
 /// [`routes`] is counted as this one).
 pub const UNMATCHED: usize = usize::MAX;
 
-const METHODS: [&str; 4] = ["GET", "POST", "DELETE", "OTHER"];
+const METHODS: [&str; 5] = ["GET", "POST", "DELETE", "OTHER", "PUT"];
 /// Statuses counted on their own; any other is counted as `other`.
 /// 304 is what a cacheable multi-read mostly answers once pages revalidate.
 const STATUSES: [u16; 16] = [
@@ -175,6 +175,7 @@ impl Metrics {
             axum::http::Method::GET => 0,
             axum::http::Method::POST => 1,
             axum::http::Method::DELETE => 2,
+            axum::http::Method::PUT => 4,
             _ => 3,
         };
         let s = STATUSES

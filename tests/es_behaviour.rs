@@ -69,6 +69,18 @@ struct State {
     refuse_create: bool,
     /// `GET /` answers as OpenSearch 2.19 (no ILM).
     opensearch: bool,
+    /// `_seq_no` of each document, bumped by every write to it (one
+    /// sequence for the whole fake, which is enough for conditional writes).
+    seq: HashMap<(String, String), i64>,
+    next_seq: i64,
+}
+
+impl State {
+    fn bump(&mut self, key: &(String, String)) -> i64 {
+        self.next_seq += 1;
+        self.seq.insert(key.clone(), self.next_seq);
+        self.next_seq
+    }
 }
 
 #[derive(Clone, Default)]
@@ -181,6 +193,59 @@ fn run_script(src: &mut Map<String, Value>, p: &Value, bucket: bool) -> Result<(
         src.insert("skipped_events".into(), Value::Array(skipped));
     }
     Ok(())
+}
+
+/// What `counter-set.painless` does, in Rust: a set's difference applied
+/// once per set id and day, the touch at the day's start. `Ok(false)`: the
+/// set was applied before (a noop).
+fn run_set_script(src: &mut Map<String, Value>, p: &Value) -> Result<bool, String> {
+    if !src.contains_key("counter_id") {
+        for f in ["counter_id", "entity", "action", "uuid"] {
+            src.insert(f.into(), p[f].clone());
+        }
+    }
+    let day = p["day"].as_str().unwrap().to_string();
+    let mut days = src
+        .get("set_days")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let id = p["set_id"].as_str();
+    if id.is_some() && days.get(&day).and_then(Value::as_str) == id {
+        return Ok(false);
+    }
+    let delta: i128 = if id.is_some() {
+        p["delta"].as_str().unwrap().parse().unwrap()
+    } else {
+        0
+    };
+    let value = i64::try_from(src.get("value").map_or(0, n) + delta).map_err(|_| "overflow")?;
+    src.insert("value".into(), json!(value));
+    if let Some(id) = id {
+        days.insert(day, json!(id));
+    }
+    let oldest = p["oldest_day"].as_str().unwrap();
+    days.retain(|d, _| d.as_str() >= oldest);
+    if days.is_empty() {
+        src.remove("set_days");
+    } else {
+        src.insert("set_days".into(), Value::Object(days));
+    }
+    if let Some(c) = p["category"].as_str() {
+        src.insert("category".into(), json!(c));
+    }
+    let touch = p["touch_ms"].as_i64().unwrap();
+    let first = src.get("first_timestamp").and_then(Value::as_i64);
+    src.insert(
+        "first_timestamp".into(),
+        json!(first.map_or(touch, |f| f.min(touch))),
+    );
+    let last = src.get("recorded_timestamp").and_then(Value::as_i64);
+    src.insert(
+        "recorded_timestamp".into(),
+        json!(last.map_or(touch, |l| l.max(touch))),
+    );
+    Ok(true)
 }
 
 /// What `average-update.painless` and `average-bucket-update.painless` do,
@@ -658,6 +723,7 @@ impl Fake {
             match ran {
                 Ok(()) => {
                     let got = filtered(&src, &payload["_source"]["includes"]);
+                    st.bump(&key);
                     st.docs.insert(key, src);
                     st.indices.insert(index.clone());
                     items.push(json!({"update": {
@@ -742,16 +808,108 @@ impl Fake {
                     es(400, json!({"error": root, "status": 400}))
                 }
             }
-            ("GET", [index, "_doc", id]) => match st.docs.get(&(index.to_string(), decode(id))) {
-                Some(src) => {
-                    let mut f = fixture("get_found.json");
-                    f["_index"] = json!(index);
-                    f["_id"] = json!(decode(id));
-                    f["_source"] = Value::Object(src.clone());
-                    es(200, f)
+            ("GET", [index, "_doc", id]) => {
+                let key = (index.to_string(), decode(id));
+                match st.docs.get(&key) {
+                    Some(src) => {
+                        let mut f = fixture("get_found.json");
+                        f["_index"] = json!(index);
+                        f["_id"] = json!(decode(id));
+                        f["_seq_no"] = json!(st.seq.get(&key).copied().unwrap_or(0));
+                        f["_source"] = Value::Object(src.clone());
+                        es(200, f)
+                    }
+                    None => es(404, fixture("get_missing.json")),
                 }
-                None => es(404, fixture("get_missing.json")),
-            },
+            }
+            // Backfill: a conditional index, a create, the counter-set
+            // script, a mapping put, a multi-index `_mget`, as the Index,
+            // Update, Put mapping and Multi get APIs answer them.
+            ("PUT", [index, op @ ("_doc" | "_create"), id]) => {
+                assert!(
+                    query.contains("routing="),
+                    "bucket writes are routed: {query}"
+                );
+                let key = (index.to_string(), decode(id));
+                let if_seq = query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("if_seq_no="))
+                    .map(|v| v.parse::<i64>().unwrap());
+                let conflict = match (*op, if_seq) {
+                    ("_create", _) => st.docs.contains_key(&key),
+                    (_, Some(want)) => st.seq.get(&key) != Some(&want),
+                    (_, None) => false,
+                };
+                if conflict {
+                    return es(
+                        409,
+                        json!({"error": {"type": "version_conflict_engine_exception",
+                            "reason": format!("[{}]: version conflict", key.1)}, "status": 409}),
+                    );
+                }
+                let src: Value = serde_json::from_slice(&body).unwrap();
+                let created = !st.docs.contains_key(&key);
+                let seq = st.bump(&key);
+                st.docs.insert(key, src.as_object().unwrap().clone());
+                st.indices.insert(index.to_string());
+                es(
+                    if created { 201 } else { 200 },
+                    json!({"_index": index, "_id": decode(id), "_seq_no": seq, "_primary_term": 1,
+                           "result": if created { "created" } else { "updated" }}),
+                )
+            }
+            ("POST", [index, "_update", id]) => {
+                let payload: Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(payload["scripted_upsert"], json!(true));
+                let key = (index.to_string(), decode(id));
+                let mut src = st.docs.get(&key).cloned().unwrap_or_default();
+                let params = &payload["script"]["params"];
+                match run_set_script(&mut src, params) {
+                    Ok(false) => es(
+                        200,
+                        json!({"_index": index, "_id": key.1, "result": "noop"}),
+                    ),
+                    Ok(true) => {
+                        st.bump(&key);
+                        st.docs.insert(key.clone(), src);
+                        st.indices.insert(index.to_string());
+                        es(
+                            200,
+                            json!({"_index": index, "_id": key.1, "result": "updated"}),
+                        )
+                    }
+                    Err(_) => {
+                        let cid = params["counter_id"].as_str().unwrap();
+                        es(400, json!({"error": overflow_error(cid), "status": 400}))
+                    }
+                }
+            }
+            ("PUT", [index, "_mapping"]) => {
+                if st.indices.contains(*index) {
+                    es(200, json!({"acknowledged": true}))
+                } else {
+                    es(404, fixture("get_index_missing.json"))
+                }
+            }
+            ("POST", ["_mget"]) => {
+                let q: Value = serde_json::from_slice(&body).unwrap();
+                let docs: Vec<Value> = q["docs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| {
+                        let (index, id) =
+                            (d["_index"].as_str().unwrap(), d["_id"].as_str().unwrap());
+                        match st.docs.get(&(index.to_string(), id.to_string())) {
+                            Some(src) => {
+                                json!({"_index": index, "_id": id, "found": true, "_source": src})
+                            }
+                            None => json!({"_index": index, "_id": id, "found": false}),
+                        }
+                    })
+                    .collect();
+                es(200, json!({"docs": docs}))
+            }
             ("POST", [target, "_search"]) => {
                 let q: Value = serde_json::from_slice(&body).unwrap();
                 st.searches
@@ -1561,16 +1719,17 @@ async fn setup_installs_every_object_in_order() {
     let addr = fake.start().await;
     let store = store_at(&format!("http://{addr}"));
     let report = store.setup().await.unwrap();
-    // Four stored scripts (counter, bucket, average, average bucket), the
-    // ILM policy, five component and four index templates.
-    assert_eq!(report.installed.len(), 14);
+    // Five stored scripts (counter, bucket, average, average bucket,
+    // counter set), the ILM policy, five component and four index templates.
+    assert_eq!(report.installed.len(), 15);
     let calls = fake.0.lock().unwrap().calls.clone();
     let puts: Vec<_> = calls.iter().filter(|c| c.starts_with("PUT")).collect();
-    assert_eq!(puts.len(), 14);
+    assert_eq!(puts.len(), 15);
     assert!(puts[0].starts_with("PUT /_scripts/counter-gateway-counter-update-v1"));
     assert!(puts[2].starts_with("PUT /_scripts/counter-gateway-average-update-v1"));
     assert!(puts[3].starts_with("PUT /_scripts/counter-gateway-average-bucket-update-v1"));
-    assert!(puts[13].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
+    assert!(puts[4].starts_with("PUT /_scripts/counter-gateway-counter-set-v1"));
+    assert!(puts[14].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
 }
 
 #[tokio::test]

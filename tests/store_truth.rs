@@ -270,6 +270,14 @@ impl Store for Recorder {
         self.reads()?;
         self.inner.get_many(keys).await
     }
+
+    async fn set_days(
+        &self,
+        sets: Vec<counter_gateway::domain::DaySet>,
+        oldest_day: i64,
+    ) -> Result<counter_gateway::store::DaysOutcome, StoreError> {
+        self.inner.set_days(sets, oldest_day).await
+    }
 }
 
 struct Recorded {

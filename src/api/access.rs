@@ -31,6 +31,9 @@ pub struct Writer(pub AppState);
 pub struct Reader(pub AppState);
 /// The tenant's app, for a request allowed to delete.
 pub struct Admin(pub AppState);
+/// The tenant's app, opened if needed, for an admin request that writes
+/// (a backfill: it can lower counters, so it is no public write key's).
+pub struct AdminWriter(pub AppState);
 
 /// A writer opens its tenant when it is not open; a reader (and a delete,
 /// which has nothing to remove in a tenant without data) never creates one.
@@ -54,6 +57,7 @@ macro_rules! role_extractor {
 role_extractor!(Writer, Role::Write, writer);
 role_extractor!(Reader, Role::Read, reader);
 role_extractor!(Admin, Role::Admin, reader);
+role_extractor!(AdminWriter, Role::Admin, writer);
 
 /// The tenant's app, for a request allowed to read counters by their keys
 /// (the multi-read): a `public` key, or any key that may read. `public`

@@ -6,6 +6,7 @@ pub mod access;
 mod averages;
 mod counters;
 pub mod dashboard;
+mod days;
 pub mod edge;
 pub mod events;
 mod extract;
@@ -98,6 +99,8 @@ pub(crate) fn table() -> OpenApiRouter<Gateway> {
         .routes(routes!(dashboard::style))
         .routes(routes!(multiread::get))
         .routes(routes!(multiread::post))
+        .routes(routes!(days::put_one))
+        .routes(routes!(days::put_many))
 }
 
 /// The whole HTTP API over `gw`; `serve` and the tests drive exactly this

@@ -472,7 +472,10 @@ fn optional_body(body: &mut Value) {
 
 /// The arrays of a batch body, whose `maxItems` is the configured
 /// `--max-events-per-request`, known only when the description is served.
-const BATCHES: &[&str] = &["/components/schemas/EventsBody/properties/events"];
+const BATCHES: &[&str] = &[
+    "/components/schemas/EventsBody/properties/events",
+    "/components/schemas/DaysBody/properties/days",
+];
 
 /// The description, for a gateway with (`keyed`) or without API keys and
 /// `max_events` events per batch.

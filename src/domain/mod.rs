@@ -2,6 +2,7 @@
 //! increment means, independent of HTTP and of any store.
 
 mod average;
+mod backfill;
 mod clock;
 mod coalesce;
 mod counter;
@@ -11,6 +12,7 @@ mod time;
 mod window;
 
 pub use average::SampleSpec;
+pub use backfill::{parse_day, DaySet, DaySetSpec};
 pub use clock::{Clock, ManualClock};
 pub use coalesce::{coalesce, AverageDelta, Coalesced, KeyDelta};
 pub use counter::{format_ms, Counter};

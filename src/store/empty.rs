@@ -9,10 +9,10 @@
 use async_trait::async_trait;
 
 use super::{
-    Average, BatchOutcome, Bucket, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
-    TopList, TopQuery, UnusedPair, WriteBatch,
+    Average, BatchOutcome, Bucket, DaysOutcome, StaleQuery, Store, StoreError, TopAverages,
+    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
 };
-use crate::domain::{Counter, CounterKey, Window};
+use crate::domain::{Counter, CounterKey, DaySet, Window};
 
 /// A store with no counters; see the module documentation.
 #[derive(Clone, Copy, Debug, Default)]
@@ -92,5 +92,13 @@ impl Store for EmptyStore {
 
     async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
         Ok(vec![None; keys.len()])
+    }
+
+    async fn set_days(
+        &self,
+        _sets: Vec<DaySet>,
+        _oldest_day: i64,
+    ) -> Result<DaysOutcome, StoreError> {
+        Err(StoreError::Internal(NO_WRITES.into()))
     }
 }

@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
 
-use crate::domain::{Counter, CounterKey, Increment, Window};
+use crate::domain::{Counter, CounterKey, DaySet, Increment, Window};
 pub use query::{
     Average, AverageEntry, StaleQuery, TopAverages, TopAveragesQuery, TopEntry, TopList, TopQuery,
     UnusedPair,
@@ -128,6 +128,37 @@ pub trait Store: Send + Sync + 'static {
     /// realtime `_mget` on Elasticsearch (so, like [`Store::get`], it sees
     /// every acknowledged write). A key given twice is answered twice.
     async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError>;
+    /// Backfill: sets each day bucket of `sets` to its value and moves its
+    /// counter by the difference (new - old), creating the counter when it
+    /// does not exist; see [`DaysOutcome`] for what is applied when. The
+    /// caller has validated the days and left no (counter, day) twice.
+    /// Durable when it returns `Applied` (the embedded store syncs itself:
+    /// a set does not ride the write pipeline, it takes the writer between
+    /// two flushes, so an increment acknowledged before it is in the bucket
+    /// it replaces and counted exactly once).
+    /// `oldest_day` is the oldest day the caller accepts (the retention):
+    /// what a store remembers about older days may go.
+    async fn set_days(&self, sets: Vec<DaySet>, oldest_day: i64)
+        -> Result<DaysOutcome, StoreError>;
+}
+
+/// What became of a [`Store::set_days`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum DaysOutcome {
+    /// Every set applied, durably. Per set, the bucket's value before it
+    /// (0 when there was none); and the counters after the last set of each.
+    Applied {
+        previous: Vec<i64>,
+        counters: HashMap<CounterKey, Counter>,
+    },
+    /// Nothing applied: the sets would take the counter of `sets[index]`
+    /// outside the signed 64-bit range.
+    Overflow { index: usize },
+    /// (A store without multi-document transactions.) The sets before
+    /// `done` are applied, the ones after it are not, and `sets[done]` may
+    /// be half applied: its bucket set, its counter not yet moved. Setting
+    /// the same values again completes it exactly.
+    Incomplete { done: usize, reason: String },
 }
 
 /// One day bucket of a counter's histogram.

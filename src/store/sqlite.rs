@@ -20,10 +20,10 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
-    Average, BatchOutcome, Bucket, RequestOutcome, StaleQuery, Store, StoreError, TopAverages,
-    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
+    Average, BatchOutcome, Bucket, DaysOutcome, RequestOutcome, StaleQuery, Store, StoreError,
+    TopAverages, TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
 };
-use crate::domain::{Clock, Counter, CounterKey, Increment, Window};
+use crate::domain::{Clock, Counter, CounterKey, DaySet, Increment, Window};
 use crate::domain::{Coalesced, KeyDelta};
 
 /// How hard a commit insists on reaching the disk.
@@ -36,6 +36,7 @@ pub enum Durability {
     Relaxed,
 }
 
+mod backfill;
 mod background;
 mod multiget;
 mod queries;
@@ -1093,6 +1094,34 @@ impl Store for SqliteStore {
         let keys = keys.to_vec();
         self.with_reader(move |c| multiget::counters(c, &keys))
             .await
+    }
+
+    /// One transaction on the writer, then an fsync of its own (as a delete
+    /// does): answered only once durable.
+    async fn set_days(
+        &self,
+        sets: Vec<DaySet>,
+        _oldest_day: i64,
+    ) -> Result<DaysOutcome, StoreError> {
+        self.check_halted()?;
+        let last_write = self.last_write.clone();
+        let out = self
+            .with_writer(move |conn| {
+                let out = backfill::set_days(conn, &sets)?;
+                last_write.wrote();
+                Ok(out)
+            })
+            .await?;
+        if matches!(out, DaysOutcome::Applied { .. }) {
+            if let Err(e) = self.sync().await {
+                tracing::error!(error = %e, "sync after setting days failed");
+                return Err(StoreError::Halted(format!(
+                    "{}; the days reached the store but may or may not survive a crash (setting them again is safe)",
+                    super::HALTED_AFTER_FSYNC
+                )));
+            }
+        }
+        Ok(out)
     }
 }
 

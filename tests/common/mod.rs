@@ -516,6 +516,14 @@ macro_rules! store_wrapper {
             > {
                 self.inner.get_many(keys).await
             }
+            async fn set_days(
+                &self,
+                sets: Vec<counter_gateway::domain::DaySet>,
+                oldest_day: i64,
+            ) -> Result<counter_gateway::store::DaysOutcome, counter_gateway::store::StoreError>
+            {
+                self.inner.set_days(sets, oldest_day).await
+            }
         }
     };
 }

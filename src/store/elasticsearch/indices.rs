@@ -107,14 +107,26 @@ impl ElasticsearchStore {
     /// The first failure ends the attempt (the rest is tried at the next
     /// flush), so a hung cluster delays a flush by one call, not one per index.
     pub(super) async fn ensure_bucket_indices(&self, increments: &[&[Increment]]) {
+        let days: Vec<i64> = increments
+            .iter()
+            .flat_map(|r| r.iter().map(|i| i.day))
+            .collect();
+        self.ensure_bucket_months(&days).await;
+    }
+
+    /// [`Self::ensure_bucket_indices`] for the days a backfill sets.
+    pub(super) async fn ensure_bucket_days(&self, days: &[i64]) {
+        self.ensure_bucket_months(days).await;
+    }
+
+    async fn ensure_bucket_months(&self, days: &[i64]) {
         let today = self.clock.now_ms().div_euclid(86_400_000);
-        let days = increments.iter().flat_map(|r| r.iter().map(|i| i.day));
         let missing = {
             let ensured = self
                 .ensured_months
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            months_to_ensure(today, days, &ensured)
+            months_to_ensure(today, days.iter().copied(), &ensured)
         };
         for month in missing {
             let Some(day) = first_day(month) else {

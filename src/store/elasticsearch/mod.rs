@@ -9,7 +9,9 @@
 //! expired ones deleted where there is no ILM), [`writes`] (a flush as `_bulk`, retries, overflow,
 //! deletes) with [`request`] (write bodies, pure) and [`response`]
 //! (classifying answers, pure), [`reads`] with [`query`] (read queries and
-//! their answers, pure; says what is exact), [`retry`] (back-off as a value).
+//! their answers, pure; says what is exact), [`retry`] (back-off as a value),
+//! [`backfill`] (days set to a value: bucket first, then the counter, each
+//! set completed by the next one should a crash cut it short).
 //!
 //! # What is and is not atomic here
 //!
@@ -52,6 +54,7 @@
 //!   counter, so a failed delete can be repeated. Increments that race with a
 //!   delete may recreate the counter, as with the embedded store.
 
+mod backfill;
 mod client;
 pub mod config;
 pub mod indices;
@@ -73,10 +76,10 @@ use elasticsearch::Elasticsearch;
 use self::config::{Auth, EsConfig};
 use self::retry::Jitter;
 use super::{
-    Average, BatchOutcome, Bucket, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
-    TopList, TopQuery, UnusedPair, WriteBatch,
+    Average, BatchOutcome, Bucket, DaysOutcome, StaleQuery, Store, StoreError, TopAverages,
+    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
 };
-use crate::domain::{Clock, Counter, CounterKey, Window};
+use crate::domain::{Clock, Counter, CounterKey, DaySet, Window};
 
 pub use self::config::{ElasticsearchArgs, SetupArgs};
 pub use self::setup::SetupReport;
@@ -93,6 +96,8 @@ pub struct ElasticsearchStore {
     /// Months whose bucket indices this tenant's store created or found
     /// ([`indices`]), at most [`indices::MAX_ENSURED_MONTHS`].
     ensured_months: std::sync::Mutex<std::collections::BTreeSet<indices::Month>>,
+    /// Indices given the backfill fields' mapping by this store (`backfill`).
+    mapped_for_sets: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl ElasticsearchStore {
@@ -123,6 +128,7 @@ impl ElasticsearchStore {
             jitter: Jitter::from_clock(),
             engine: std::sync::OnceLock::new(),
             ensured_months: Default::default(),
+            mapped_for_sets: Default::default(),
         })
     }
 
@@ -160,6 +166,7 @@ impl ElasticsearchStore {
             jitter: Jitter::from_clock(),
             engine: self.engine.clone(),
             ensured_months: Default::default(),
+            mapped_for_sets: Default::default(),
         })
     }
 }
@@ -228,5 +235,13 @@ impl Store for ElasticsearchStore {
 
     async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
         self.get_counters(keys).await
+    }
+
+    async fn set_days(
+        &self,
+        sets: Vec<DaySet>,
+        oldest_day: i64,
+    ) -> Result<DaysOutcome, StoreError> {
+        self.set_days_es(sets, oldest_day).await
     }
 }

@@ -20,6 +20,8 @@ const AVERAGE_SCRIPT: &str =
     include_str!("../../../index-templates/scripts/average-update.painless");
 const AVERAGE_BUCKET_SCRIPT: &str =
     include_str!("../../../index-templates/scripts/average-bucket-update.painless");
+const COUNTER_SET_SCRIPT: &str =
+    include_str!("../../../index-templates/scripts/counter-set.painless");
 const ILM_BUCKETS: &str = include_str!("../../../index-templates/ilm/bucket-retention.json");
 
 const COMPONENTS: &[(&str, &str)] = &[
@@ -84,6 +86,12 @@ pub fn average_script_id(prefix: &str) -> String {
 
 pub fn average_bucket_script_id(prefix: &str) -> String {
     format!("{prefix}-average-bucket-update-v{SCRIPT_VERSION}")
+}
+
+/// The stored script that applies a backfilled day to a counter (see
+/// `backfill.rs`): remembers per day the last set applied, so it is safe to resend.
+pub fn counter_set_script_id(prefix: &str) -> String {
+    format!("{prefix}-counter-set-v{SCRIPT_VERSION}")
 }
 
 pub fn ilm_policy_name(prefix: &str) -> String {
@@ -249,6 +257,7 @@ pub fn steps(names: &IndexNames, engine: Engine) -> Vec<Step> {
         (bucket_script_id(prefix), BUCKET_SCRIPT),
         (average_script_id(prefix), AVERAGE_SCRIPT),
         (average_bucket_script_id(prefix), AVERAGE_BUCKET_SCRIPT),
+        (counter_set_script_id(prefix), COUNTER_SET_SCRIPT),
     ] {
         out.push(Step {
             kind: Kind::Script,
@@ -316,7 +325,7 @@ mod tests {
     fn every_file_parses_and_steps_are_ordered() {
         let names = IndexNames::new("counter-gateway", "default").unwrap();
         let s = steps(&names, ES8);
-        assert_eq!(s.len(), 4 + 1 + COMPONENTS.len() + INDEX_TEMPLATES.len());
+        assert_eq!(s.len(), 5 + 1 + COMPONENTS.len() + INDEX_TEMPLATES.len());
         assert_eq!(s[0].path, "/_scripts/counter-gateway-counter-update-v1");
         assert_eq!(
             s[0].put_path,

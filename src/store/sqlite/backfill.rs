@@ -1,0 +1,180 @@
+//! Backfill on the embedded store: day buckets set to a value, each counter
+//! moved by the difference, all in one transaction of the writer.
+//!
+//! The writer connection is the one the flusher applies flushes on, so a
+//! set runs between two flushes: an increment committed before it is in the
+//! bucket it reads and replaces, one committed after it adds to the new
+//! value, and none is lost or counted twice. Each changed bucket appends its
+//! difference to `bucket_log`, as a flush appends its deltas, so the kept
+//! window totals (`rollup`) fold it like any increment and windowed top
+//! lists stay exact. A bucket set to the value it holds changes nothing
+//! and logs nothing; a new bucket logs even a 0, since being in a window's
+//! totals follows having a bucket there.
+
+use std::collections::HashMap;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use super::{internal, read_counter};
+use crate::domain::{Counter, CounterKey, DaySet};
+use crate::store::{DaysOutcome, StoreError};
+
+/// Applies `sets` in one transaction, or nothing of them when a counter
+/// would leave the signed 64-bit range (the transaction is then dropped).
+/// Commits without syncing: the caller fsyncs before answering.
+pub(super) fn set_days(conn: &mut Connection, sets: &[DaySet]) -> Result<DaysOutcome, StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(internal)?;
+    // The sets of each counter, in the order the counters first appear.
+    let mut groups: Vec<(&CounterKey, Vec<usize>)> = Vec::new();
+    let mut at: HashMap<&CounterKey, usize> = HashMap::new();
+    for (i, s) in sets.iter().enumerate() {
+        match at.get(&s.key) {
+            Some(&g) => groups[g].1.push(i),
+            None => {
+                at.insert(&s.key, groups.len());
+                groups.push((&s.key, vec![i]));
+            }
+        }
+    }
+    let mut previous = vec![0i64; sets.len()];
+    let mut counters = HashMap::with_capacity(groups.len());
+    {
+        let mut find = tx
+            .prepare_cached(
+                "SELECT cid, value FROM counters WHERE entity = ?1 AND action = ?2 AND uuid = ?3",
+            )
+            .map_err(internal)?;
+        let mut create = tx
+            .prepare_cached(
+                "INSERT INTO counters (entity, action, uuid, value, category, first_ts, recorded_ts)
+                 VALUES (?1, ?2, ?3, 0, NULL, ?4, ?4) RETURNING cid",
+            )
+            .map_err(internal)?;
+        let mut old_bucket = tx
+            .prepare_cached("SELECT value FROM buckets WHERE day = ?1 AND cid = ?2")
+            .map_err(internal)?;
+        let mut put_bucket = tx
+            .prepare_cached(
+                "INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
+            )
+            .map_err(internal)?;
+        let mut log = tx
+            .prepare_cached("INSERT INTO bucket_log (cid, day, delta) VALUES (?1, ?2, ?3)")
+            .map_err(internal)?;
+        let mut update = tx
+            .prepare_cached(
+                "UPDATE counters SET
+                     value = ?2,
+                     category = coalesce(?3, category),
+                     first_ts = min(first_ts, ?4),
+                     recorded_ts = max(recorded_ts, ?5)
+                 WHERE cid = ?1
+                 RETURNING value, category, first_ts, recorded_ts",
+            )
+            .map_err(internal)?;
+        for (key, idx) in &groups {
+            let key: &CounterKey = key;
+            let found: Option<(i64, i64)> = find
+                .query_row(params![&*key.entity, &*key.action, &*key.uuid], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()
+                .map_err(internal)?;
+            let first = idx.iter().map(|&i| sets[i].touch_ms()).min().unwrap_or(0);
+            let last = idx.iter().map(|&i| sets[i].touch_ms()).max().unwrap_or(0);
+            let (cid, value) = match found {
+                Some(f) => f,
+                None => (
+                    create
+                        .query_row(
+                            params![&*key.entity, &*key.action, &*key.uuid, first],
+                            |r| r.get(0),
+                        )
+                        .map_err(internal)?,
+                    0,
+                ),
+            };
+            // i128: the sum of a counter's differences may pass i64 on the
+            // way and come back; only the result must fit.
+            let mut total = i128::from(value);
+            let mut changes = Vec::with_capacity(idx.len());
+            for &i in idx {
+                let s = &sets[i];
+                let old: Option<i64> = old_bucket
+                    .query_row(params![s.day, cid], |r| r.get(0))
+                    .optional()
+                    .map_err(internal)?;
+                previous[i] = old.unwrap_or(0);
+                total += i128::from(s.value) - i128::from(previous[i]);
+                if old != Some(s.value) {
+                    changes.push((i, i128::from(s.value) - i128::from(previous[i])));
+                }
+            }
+            let Ok(total) = i64::try_from(total) else {
+                return Ok(DaysOutcome::Overflow {
+                    index: *idx.last().unwrap_or(&0),
+                });
+            };
+            for (i, diff) in changes {
+                let s = &sets[i];
+                put_bucket
+                    .execute(params![s.day, cid, s.value])
+                    .map_err(internal)?;
+                // Each bucket fits i64, so their difference fits i128 and
+                // is logged in two rows when it does not fit one.
+                for part in split(diff) {
+                    log.execute(params![cid, s.day, part]).map_err(internal)?;
+                }
+            }
+            let category = idx.iter().rev().find_map(|&i| sets[i].category.clone());
+            let counter: Counter = update
+                .query_row(params![cid, total, category.as_deref(), first, last], |r| {
+                    read_counter(r, key.clone())
+                })
+                .map_err(internal)?;
+            counters.insert(key.clone(), counter);
+        }
+    }
+    tx.commit().map_err(internal)?;
+    Ok(DaysOutcome::Applied { previous, counters })
+}
+
+/// A difference of two i64 values as log deltas that each fit i64: one
+/// almost always, up to three when it leaves the range (`MAX - MIN` is
+/// `MAX + MAX + 1`); the roll-up sums them exactly.
+fn split(diff: i128) -> Vec<i64> {
+    let mut parts = Vec::with_capacity(1);
+    let mut rest = diff;
+    loop {
+        let part = rest.clamp(i128::from(i64::MIN), i128::from(i64::MAX));
+        parts.push(part as i64);
+        rest -= part;
+        if rest == 0 {
+            return parts;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn differences_past_i64_are_logged_in_parts_that_sum_to_them() {
+        for diff in [
+            0i128,
+            -5,
+            i128::from(i64::MAX),
+            i128::from(i64::MAX) - i128::from(i64::MIN),
+            i128::from(i64::MIN) - i128::from(i64::MAX),
+        ] {
+            let parts = split(diff);
+            assert_eq!(parts.iter().map(|&p| i128::from(p)).sum::<i128>(), diff);
+            assert_eq!(parts.len() == 1, i64::try_from(diff).is_ok(), "{diff}");
+            assert!(parts.len() <= 3, "{diff}");
+        }
+    }
+}
