@@ -21,18 +21,23 @@ use crate::tenant::validate_tenant;
 
 /// What a key may do. `write` keys end up in public web pages, so they can
 /// only add (increments, events, average samples); `read` keys read;
-/// `admin` keys can do everything, deletes included.
+/// `admin` keys can do everything, deletes included. `public` keys end up
+/// in web pages too, so they can only read counters whose keys they name
+/// (the multi-read): they cannot list anything (top lists, targets,
+/// reports), so a page learns nothing through one it could not already
+/// name. A `read` key may do what a `public` key may.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Role {
     Write,
     Read,
     Admin,
+    Public,
 }
 
 impl Role {
     /// Whether a key of this role may do what needs `needed`.
     pub fn allows(self, needed: Role) -> bool {
-        self == needed || self == Role::Admin
+        self == needed || self == Role::Admin || (self == Role::Read && needed == Role::Public)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -40,6 +45,7 @@ impl Role {
             Role::Write => "write",
             Role::Read => "read",
             Role::Admin => "admin",
+            Role::Public => "public",
         }
     }
 }
@@ -115,9 +121,10 @@ impl Keys {
                 "write" => Role::Write,
                 "read" => Role::Read,
                 "admin" => Role::Admin,
+                "public" => Role::Public,
                 other => {
                     return Err(format!(
-                        "{at}: role {other:?} is not one of write, read, admin"
+                        "{at}: role {other:?} is not one of write, read, admin, public"
                     ))
                 }
             };
@@ -235,5 +242,18 @@ mod tests {
         for r in [Role::Write, Role::Read, Role::Admin] {
             assert!(Role::Admin.allows(r));
         }
+    }
+
+    #[test]
+    fn a_public_key_reads_counters_by_key_and_nothing_else() {
+        for needed in [Role::Write, Role::Read, Role::Admin] {
+            assert!(!Role::Public.allows(needed), "{needed}");
+        }
+        assert!(Role::Public.allows(Role::Public));
+        assert!(Role::Read.allows(Role::Public));
+        assert!(Role::Admin.allows(Role::Public));
+        assert!(!Role::Write.allows(Role::Public));
+        let keys = Keys::parse(&format!("public acme {}", digest_hex("p")), "t").unwrap();
+        assert_eq!(keys.check("p").unwrap().role, Role::Public);
     }
 }

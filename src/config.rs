@@ -191,6 +191,13 @@ pub struct ServeArgs {
     #[arg(long, env = "COUNTER_GATEWAY_SQLITE_MEMORY_BUDGET", default_value = "256MiB", value_parser = parse_bytes)]
     pub sqlite_memory_budget: u64,
 
+    /// Lets browsers and CDNs keep `GET /v1/counters` answers this long
+    /// (`Cache-Control: public, max-age=<seconds>`), whole seconds, e.g.
+    /// `30s`. Absent: `Cache-Control: no-cache` (kept, but revalidated by
+    /// ETag on every use, so a page never shows a stale value).
+    #[arg(long, env = "COUNTER_GATEWAY_COUNTERS_CACHE_MAX_AGE", value_parser = humantime::parse_duration)]
+    pub counters_cache_max_age: Option<Duration>,
+
     #[command(flatten)]
     pub elasticsearch: crate::store::elasticsearch::ElasticsearchArgs,
 }
@@ -246,6 +253,11 @@ impl ServeArgs {
             );
         }
         crate::api::edge::cors(&self.cors_origins)?;
+        if let Some(age) = self.counters_cache_max_age {
+            if age.as_secs() == 0 || age.subsec_nanos() != 0 {
+                return Err("--counters-cache-max-age must be whole seconds, at least 1s (leave it out for no-cache)".into());
+            }
+        }
         Ok(())
     }
 
@@ -410,5 +422,19 @@ mod tests {
             .validate()
             .unwrap_err()
             .contains("--sqlite-memory-budget"));
+    }
+
+    #[test]
+    fn the_counters_cache_max_age_is_whole_seconds_or_absent() {
+        assert_eq!(parse(&[]).counters_cache_max_age, None);
+        let a = parse(&["--counters-cache-max-age", "1m"]);
+        assert_eq!(a.counters_cache_max_age, Some(Duration::from_secs(60)));
+        assert!(a.validate().is_ok());
+        for bad in ["0s", "1500ms"] {
+            let e = parse(&["--counters-cache-max-age", bad])
+                .validate()
+                .unwrap_err();
+            assert!(e.contains("--counters-cache-max-age"), "{bad}: {e}");
+        }
     }
 }

@@ -29,6 +29,8 @@ pub const ROUTES: &[&str] = &[
     "/dashboard/dashboard.css",
     "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
     "/v1/days",
+    "/v1/counters",
+    "/v1/counters/get",
 ];
 /// The route label of requests no route matched.
 pub const UNMATCHED: usize = ROUTES.len();
@@ -36,8 +38,9 @@ const ROUTE_LABELS: usize = ROUTES.len() + 1;
 
 const METHODS: [&str; 5] = ["GET", "POST", "DELETE", "OTHER", "PUT"];
 /// Statuses counted on their own; any other is counted as `other`.
-const STATUSES: [u16; 15] = [
-    200, 204, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 0,
+/// 304 is what a cacheable multi-read mostly answers once pages revalidate.
+const STATUSES: [u16; 16] = [
+    200, 204, 304, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 0,
 ];
 /// Upper bounds of the request latency buckets, in seconds.
 const LATENCY_BOUNDS: [f64; 12] = [

@@ -98,6 +98,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         request_timeout: (!args.request_timeout.is_zero()).then_some(args.request_timeout),
         cors_origins: args.cors_origins.clone().into(),
         metrics,
+        counters_max_age: args.counters_cache_max_age,
     };
     let tenants = gateway.tenants.clone();
     Tenants::spawn_idle_closer(&tenants, args.tenant_idle_timeout);

@@ -928,12 +928,31 @@ impl Fake {
                     }
                 }
                 let q: Value = serde_json::from_slice(&body).unwrap();
-                let docs: Vec<Value> = q["ids"]
-                    .as_array()
-                    .unwrap()
+                let ids = q["ids"].as_array().unwrap();
+                // As the real node answers (tests/es_real.rs): an empty list
+                // is refused, and a missing index is an error per document
+                // inside a 200.
+                if ids.is_empty() {
+                    let error = json!({"type": "action_request_validation_exception",
+                        "reason": "Validation Failed: 1: no documents to get;"});
+                    return es(
+                        400,
+                        json!({"error": {"root_cause": [error.clone()], "type": error["type"], "reason": error["reason"]}, "status": 400}),
+                    );
+                }
+                let missing = !st.indices.contains(*index);
+                let docs: Vec<Value> = ids
                     .iter()
                     .map(|id| {
                         let id = id.as_str().unwrap();
+                        if missing {
+                            let error = json!({"type": "index_not_found_exception",
+                                "reason": format!("no such index [{index}]"), "index": index,
+                                "resource.id": index, "resource.type": "index_expression", "index_uuid": "_na_"});
+                            let mut full = error.clone();
+                            full["root_cause"] = json!([error]);
+                            return json!({"_index": index, "_id": id, "error": full});
+                        }
                         match st.docs.get(&(index.to_string(), id.to_string())) {
                             Some(src) => json!({"_index": index, "_id": id, "_version": 1,
                                 "_seq_no": 0, "_primary_term": 1, "found": true, "_source": src}),
@@ -2235,4 +2254,71 @@ async fn a_window_summing_past_i64_answers_on_the_fake_cluster() {
     let text = String::from_utf8_lossy(&text);
     let want = format!("\"sum\":{},\"quantity\":2", 2 * i128::from(max));
     assert!(text.contains(&want), "{text}");
+}
+
+/// The multi-read is one realtime `_mget` of the counter documents, however
+/// many keys; a tenant never written to (no index) reads as all missing;
+/// a refused request sends nothing.
+#[tokio::test]
+async fn a_multi_read_is_one_realtime_mget() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let mgets = |fake: &Fake| -> Vec<String> {
+        let st = fake.0.lock().unwrap();
+        st.calls
+            .iter()
+            .filter(|c| c.contains("_mget"))
+            .cloned()
+            .collect()
+    };
+    let keys = json!({"keys": [
+        {"entity": "VIDEO", "action": "VIEW", "uuid": "u1"},
+        {"entity": "VIDEO", "action": "VIEW", "uuid": "u2"}]});
+    let (status, body) = call(&router, "POST", "/v1/counters/get", Some(keys.clone())).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["counters"][0]["found"], false);
+    assert_eq!(body["counters"][1]["value"], 0);
+    let calls = mgets(&fake);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert!(
+        calls[0].starts_with("POST /counter-gateway_default_counters/_mget?"),
+        "{calls:?}"
+    );
+    assert!(calls[0].contains("realtime=true"), "{calls:?}");
+
+    call(
+        &router,
+        "POST",
+        "/v1/counters/VIDEO/VIEW/u2/increment",
+        Some(json!({"count": 4})),
+    )
+    .await;
+    let (status, body) = call(&router, "POST", "/v1/counters/get", Some(keys)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["counters"][0]["found"], false);
+    assert_eq!(body["counters"][1]["value"], 4);
+    assert_eq!(mgets(&fake).len(), 2);
+
+    let (status, _) = call(
+        &router,
+        "POST",
+        "/v1/counters/get",
+        Some(json!({"keys": [{"entity": "VIDEO", "action": "VIEW", "uuid": ""}]})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, body) = call(
+        &router,
+        "POST",
+        "/v1/counters/get",
+        Some(json!({"keys": []})),
+    )
+    .await;
+    assert_eq!((status, &body), (200, &json!({"counters": []})));
+    assert_eq!(
+        mgets(&fake).len(),
+        2,
+        "nothing sent for a refused or an empty request"
+    );
 }

@@ -273,6 +273,11 @@ impl Store for Recorder {
     ) -> Result<counter_gateway::store::DaysOutcome, StoreError> {
         self.inner.set_days(sets, oldest_day).await
     }
+
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        self.reads()?;
+        self.inner.get_many(keys).await
+    }
 }
 
 struct Recorded {

@@ -43,7 +43,7 @@ macro_rules! role_extractor {
             type Rejection = ApiError;
 
             async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, ApiError> {
-                let tenant = authorize(parts, gw, $role)?;
+                let (tenant, _) = authorize(parts, gw, $role)?;
                 gw.tenants
                     .$open(&tenant)
                     .await
@@ -58,6 +58,28 @@ role_extractor!(Writer, Role::Write, writer);
 role_extractor!(Reader, Role::Read, reader);
 role_extractor!(Admin, Role::Admin, reader);
 role_extractor!(AdminWriter, Role::Admin, writer);
+
+/// The tenant's app, for a request allowed to read counters by their keys
+/// (the multi-read): a `public` key, or any key that may read. `public`
+/// says the key was a `public` one, whose answers any web page may read
+/// (CORS), since the key is meant to be in pages.
+pub struct CounterReader {
+    pub app: AppState,
+    pub public: bool,
+}
+
+impl FromRequestParts<Gateway> for CounterReader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, ApiError> {
+        let (tenant, role) = authorize(parts, gw, Role::Public)?;
+        let app = gw.tenants.reader(&tenant).await.map_err(tenant_error)?;
+        Ok(CounterReader {
+            app,
+            public: role == Some(Role::Public),
+        })
+    }
+}
 
 /// For endpoints that span every tenant (`/metrics`): with keys configured,
 /// only an admin key of every tenant (`*`) may call them.
@@ -80,28 +102,42 @@ impl FromRequestParts<Gateway> for Operator {
     }
 }
 
-/// Checks the request may do what needs `needed` and answers its tenant.
-fn authorize(parts: &Parts, gw: &Gateway, needed: Role) -> Result<String, ApiError> {
+/// Checks the request may do what needs `needed` and answers its tenant
+/// and the role of the key it presented (`None` without keys).
+fn authorize(
+    parts: &Parts,
+    gw: &Gateway,
+    needed: Role,
+) -> Result<(String, Option<Role>), ApiError> {
     let asked = asked_tenant(parts)?;
     if gw.keys.is_empty() {
         limit(parts, gw, None)?;
         let tenant = asked.map_or(Cow::Borrowed(DEFAULT_TENANT), |t| t);
-        return Ok(tenant.into_owned());
+        return Ok((tenant.into_owned(), None));
     }
     let grant = limited_grant(parts, gw)?.ok_or_else(missing_key)?;
     if !grant.role.allows(needed) {
+        let needs = match needed {
+            Role::Public => "a public or read",
+            Role::Write => "a write",
+            Role::Read => "a read",
+            Role::Admin => "an admin",
+        };
         return Err(ApiError::Forbidden(format!(
-            "this is a {} key; this request needs a {needed} key",
+            "this is a {} key; this request needs {needs} key",
             grant.role
         )));
     }
-    match (&grant.tenant, asked) {
-        (Some(own), Some(asked)) if *own != asked => Err(ApiError::Forbidden(format!(
-            "this key is bound to another tenant than {asked:?}"
-        ))),
-        (Some(own), _) => Ok(own.clone()),
-        (None, asked) => Ok(asked.map_or(DEFAULT_TENANT.to_string(), Cow::into_owned)),
-    }
+    let tenant = match (&grant.tenant, asked) {
+        (Some(own), Some(asked)) if *own != asked => {
+            return Err(ApiError::Forbidden(format!(
+                "this key is bound to another tenant than {asked:?}"
+            )))
+        }
+        (Some(own), _) => own.clone(),
+        (None, asked) => asked.map_or(DEFAULT_TENANT.to_string(), Cow::into_owned),
+    };
+    Ok((tenant, Some(grant.role)))
 }
 
 /// The key's grant after the rate limit: a client sending bad keys is

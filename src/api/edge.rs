@@ -46,7 +46,7 @@ pub fn cors(origins: &[String]) -> Result<Option<CorsLayer>, String> {
                 header::CONTENT_TYPE,
                 HeaderName::from_static("x-tenant"),
             ])
-            .expose_headers([header::RETRY_AFTER])
+            .expose_headers([header::RETRY_AFTER, header::ETAG])
             .max_age(Duration::from_secs(3600)),
     ))
 }

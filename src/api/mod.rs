@@ -11,6 +11,7 @@ pub mod edge;
 pub mod events;
 mod extract;
 mod model;
+mod multiread;
 pub mod openapi;
 mod ops;
 mod queries;
@@ -39,6 +40,9 @@ pub struct Gateway {
     /// Allowed browser origins (empty: no CORS).
     pub cors_origins: Arc<[String]>,
     pub metrics: Arc<Metrics>,
+    /// `max-age` of `GET /v1/counters` answers, sent as `public`; `None`:
+    /// `no-cache` (caches revalidate every time, by ETag).
+    pub counters_max_age: Option<Duration>,
 }
 
 impl Gateway {
@@ -51,6 +55,7 @@ impl Gateway {
             rate_limit: None,
             request_timeout: None,
             cors_origins: Arc::new([]),
+            counters_max_age: None,
         }
     }
 }
@@ -111,6 +116,8 @@ pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
             put(days::put_one),
         )
         .route("/v1/days", put(days::put_many))
+        .route("/v1/counters", get(multiread::get))
+        .route("/v1/counters/get", post(multiread::post))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))

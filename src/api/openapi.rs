@@ -25,6 +25,8 @@ pub enum Param {
     Query(&'static str, &'static str),
     /// A UTC day in the path, `YYYY-MM-DD`.
     Day(&'static str),
+    /// A required query parameter with its schema.
+    Required(&'static str, &'static str),
 }
 
 /// The body an operation takes.
@@ -38,6 +40,8 @@ pub enum Body {
     Day,
     /// Many: `{"days": [...]}`.
     Days,
+    /// The keys of a multi-read.
+    Keys,
 }
 
 pub struct Operation {
@@ -324,6 +328,26 @@ pub const OPERATIONS: &[Operation] = &[
         ok: (200, "DaysSet"),
         errors: &[409],
     },
+    Operation {
+        method: "get",
+        path: "/v1/counters",
+        summary: "Up to 100 counters by key, in the order asked, missing ones as found: false and value 0; cacheable (ETag, 304 on If-None-Match, Cache-Control)",
+        role: Some(Role::Public),
+        params: &[Param::Required("keys", "keys")],
+        body: Body::None,
+        ok: (200, "CounterValues"),
+        errors: &[304],
+    },
+    Operation {
+        method: "post",
+        path: "/v1/counters/get",
+        summary: "Up to 1,000 counters by key in one read, in the order asked, missing ones as found: false and value 0",
+        role: Some(Role::Public),
+        params: &[],
+        body: Body::Keys,
+        ok: (200, "CounterValues"),
+        errors: &[413, 415],
+    },
 ];
 
 /// Statuses every operation that takes a key can answer.
@@ -382,6 +406,9 @@ fn query_schema(kind: &str) -> Value {
         "days" => json!({"type": "integer", "minimum": 1, "maximum": 100_000}),
         "positive" => json!({"type": "integer", "format": "int64", "minimum": 1}),
         "name" => name_schema(),
+        "keys" => json!({"type": "string", "description": format!(
+            "entity/action/uuid of each counter, separated by commas, each part percent-encoded (a / or , inside a part as %2F, %2C); at most {} keys",
+            super::multiread::MAX_GET_KEYS)}),
         _ => json!({"type": "string"}),
     }
 }
@@ -458,6 +485,17 @@ fn body_schema(body: Body, max_events: usize) -> Option<Value> {
                 "properties": {"events": {"type": "array", "minItems": 1, "maxItems": max_events, "items": event}},
             }))
         }
+        Body::Keys => {
+            let key = json!({
+                "type": "object", "additionalProperties": false,
+                "required": ["entity", "action", "uuid"],
+                "properties": {"entity": name_schema(), "action": name_schema(), "uuid": name_schema()},
+            });
+            Some(json!({
+                "type": "object", "additionalProperties": false, "required": ["keys"],
+                "properties": {"keys": {"type": "array", "maxItems": super::multiread::MAX_KEYS, "items": key}},
+            }))
+        }
     }
 }
 
@@ -526,6 +564,20 @@ fn schemas() -> Value {
         "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
         "Object": {"type": "object"},
         "Metrics": {"type": "string"},
+        "CounterValues": {
+            "type": "object", "required": ["counters"], "additionalProperties": false,
+            "properties": {"counters": {"type": "array", "items": {
+                "type": "object", "additionalProperties": false,
+                "required": ["id", "entity", "action", "uuid", "found", "value"],
+                "properties": {
+                    "id": {"type": "string"}, "entity": {"type": "string"}, "action": {"type": "string"},
+                    "uuid": {"type": "string"},
+                    "found": {"type": "boolean", "description": "false: never counted (value 0, no category nor timestamps)"},
+                    "value": {"type": "integer", "format": "int64"},
+                    "category": {"type": "string"}, "first_timestamp": ts, "recorded_timestamp": ts,
+                },
+            }}},
+        },
     })
 }
 
@@ -540,6 +592,7 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
                 Param::Name(n) => json!({"name": n, "in": "path", "required": true, "schema": name_schema()}),
                 Param::Query(n, kind) => json!({"name": n, "in": "query", "required": false, "schema": query_schema(kind)}),
                 Param::Day(n) => json!({"name": n, "in": "path", "required": true, "schema": query_schema("day")}),
+                Param::Required(n, kind) => json!({"name": n, "in": "query", "required": true, "schema": query_schema(kind)}),
             });
         }
         if op.role.is_some() {
@@ -559,10 +612,14 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
         } else {
             json!({"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}})
         };
-        responses.insert(
-            ok.to_string(),
-            json!({"description": "Success", "content": content}),
-        );
+        let mut success = json!({"description": "Success", "content": content});
+        if op.path == "/v1/counters" {
+            success["headers"] = json!({
+                "ETag": {"schema": {"type": "string"}, "description": "Strong; from the answer's bytes"},
+                "Cache-Control": {"schema": {"type": "string"}, "description": "public, max-age=N with --counters-cache-max-age, else no-cache"},
+            });
+        }
+        responses.insert(ok.to_string(), success);
         let mut errors: Vec<u16> = op.errors.to_vec();
         if op.role.is_some() {
             errors.extend_from_slice(KEYED_ERRORS);
@@ -599,9 +656,11 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
             "responses": responses,
         });
         if let Some(role) = op.role {
-            o["description"] = json!(format!(
-                "Needs a `{role}` key (or `admin`) when keys are configured."
-            ));
+            o["description"] = json!(if role == Role::Public {
+                "Needs a `public` key (or `read`, `admin`) when keys are configured; answers to a `public` key carry `Access-Control-Allow-Origin: *`.".to_string()
+            } else {
+                format!("Needs a `{role}` key (or `admin`) when keys are configured.")
+            });
             if keyed {
                 o["security"] = json!([{"bearer": []}, {"key": []}]);
             }
@@ -609,7 +668,7 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
         if let Some(schema) = body_schema(op.body, max_events) {
             let required = matches!(
                 op.body,
-                Body::Events | Body::Sample | Body::Day | Body::Days
+                Body::Events | Body::Sample | Body::Day | Body::Days | Body::Keys
             );
             o["requestBody"] = json!({"required": required, "content": {
                 "application/json": {"schema": schema},

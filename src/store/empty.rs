@@ -97,4 +97,8 @@ impl Store for EmptyStore {
     ) -> Result<DaysOutcome, StoreError> {
         Err(StoreError::Internal(NO_WRITES.into()))
     }
+
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        Ok(vec![None; keys.len()])
+    }
 }

@@ -123,6 +123,11 @@ pub trait Store: Send + Sync + 'static {
     /// The highest averages; see [`TopAveragesQuery`] for the order.
     async fn top_averages(&self, query: &TopAveragesQuery) -> Result<TopAverages, StoreError>;
 
+    /// The counters of `keys`, one answer per key in the same order (`None`:
+    /// never counted), in one read: one snapshot on the embedded store, one
+    /// realtime `_mget` on Elasticsearch (so, like [`Store::get`], it sees
+    /// every acknowledged write). A key given twice is answered twice.
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError>;
     /// Backfill: sets each day bucket of `sets` to its value and moves its
     /// counter by the difference (new - old), creating the counter when it
     /// does not exist; see [`DaysOutcome`] for what is applied when. The

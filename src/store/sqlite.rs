@@ -38,6 +38,7 @@ pub enum Durability {
 
 mod backfill;
 mod background;
+mod multiget;
 mod queries;
 mod rollup;
 
@@ -903,17 +904,14 @@ impl Store for SqliteStore {
     async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError> {
         let key = key.clone();
         self.with_reader(move |conn| {
-            conn.prepare_cached(
-                "SELECT value, category, first_ts, recorded_ts FROM counters
-                 WHERE entity = ?1 AND action = ?2 AND uuid = ?3",
-            )
-            .and_then(|mut s| {
-                s.query_row(params![&*key.entity, &*key.action, &*key.uuid], |r| {
-                    read_counter(r, key.clone())
+            conn.prepare_cached(multiget::BY_KEY)
+                .and_then(|mut s| {
+                    s.query_row(params![&*key.entity, &*key.action, &*key.uuid], |r| {
+                        read_counter(r, key.clone())
+                    })
+                    .optional()
                 })
-                .optional()
-            })
-            .map_err(internal)
+                .map_err(internal)
         })
         .await
     }
@@ -1115,6 +1113,15 @@ impl Store for SqliteStore {
             }
         }
         Ok(out)
+    }
+
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = keys.to_vec();
+        self.with_reader(move |c| multiget::counters(c, &keys))
+            .await
     }
 }
 

@@ -39,6 +39,8 @@ pub struct Options {
     pub max_tenants: usize,
     /// The app's clock: it stands at [`test_now`] until a test moves it.
     pub clock: ManualClock,
+    /// `--counters-cache-max-age`.
+    pub counters_max_age: Option<Duration>,
 }
 
 /// Body limit of the test apps.
@@ -61,6 +63,7 @@ impl Default for Options {
             cors_origins: Vec::new(),
             max_tenants: 100,
             clock: ManualClock::new(test_now()),
+            counters_max_age: None,
         }
     }
 }
@@ -169,6 +172,7 @@ impl TestApp {
             request_timeout: options.request_timeout,
             cors_origins: options.cors_origins.clone().into(),
             metrics,
+            counters_max_age: options.counters_max_age,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -510,6 +514,16 @@ macro_rules! store_wrapper {
             ) -> Result<counter_gateway::store::DaysOutcome, counter_gateway::store::StoreError>
             {
                 self.inner.set_days(sets, oldest_day).await
+            }
+
+            async fn get_many(
+                &self,
+                keys: &[counter_gateway::domain::CounterKey],
+            ) -> Result<
+                Vec<Option<counter_gateway::domain::Counter>>,
+                counter_gateway::store::StoreError,
+            > {
+                self.inner.get_many(keys).await
             }
         }
     };

@@ -5,8 +5,9 @@
 //! A scenario is `{"name", "steps": [{"request": {...}, "expect": {...}}]}`:
 //!
 //! - `request`: `method` (default GET), `path` (with query string), optional
-//!   `body` (JSON) and `headers`; `save` copies values of the answer (JSON
-//!   pointers) and `save_header` copies headers into variables.
+//!   `body` (JSON) and `headers` (placeholders substituted in both); `save`
+//!   copies values of the answer (JSON pointers) and `save_header` copies
+//!   headers into variables.
 //! - `expect`: `status`, then optionally `body` (a subset match: objects may
 //!   hold more keys than expected, arrays must have exactly the expected
 //!   elements, numbers compare by value), `csv` (rows of cells), `headers`.
@@ -142,7 +143,7 @@ async fn run_step(
         .uri(&path);
     if let Some(h) = req["headers"].as_object() {
         for (k, v) in h {
-            builder = builder.header(k, v.as_str().unwrap_or_default());
+            builder = builder.header(k, substitute(v.as_str().unwrap_or_default(), now, vars)?);
         }
     }
     let body = match req.get("body") {

@@ -240,4 +240,8 @@ impl Store for ElasticsearchStore {
     ) -> Result<DaysOutcome, StoreError> {
         self.set_days_es(sets, oldest_day).await
     }
+
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        self.get_counters(keys).await
+    }
 }

@@ -372,4 +372,31 @@ impl ElasticsearchStore {
         )
         .await
     }
+
+    /// Many counters by realtime `_mget` (the multi-read): one request for
+    /// all of them, answered in the order asked. `_mget` refuses an empty
+    /// list (400 "no documents to get"), so none is sent for one.
+    pub(super) async fn get_counters(
+        &self,
+        keys: &[CounterKey],
+    ) -> Result<Vec<Option<Counter>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = keys.iter().map(CounterKey::doc_id).collect();
+        let fields = request::COUNTER_FIELDS[..7].join(",");
+        let answer = self
+            .post_json(
+                &format!("/{}/_mget", self.config.names.counters()),
+                // Realtime is the default; said here because the answer
+                // must see every acknowledged write, as a single get does.
+                &[("realtime", "true"), ("_source_includes", &fields)],
+                &query::mget_body(&ids),
+            )
+            .await?;
+        response::counters_from_mget(&answer, &ids).map_err(|e| match e {
+            response::MgetError::Doc(m) => StoreError::Unavailable(m),
+            response::MgetError::Shape(m) => StoreError::Internal(m),
+        })
+    }
 }

@@ -247,6 +247,68 @@ pub fn error_type(body: &Value) -> Option<&str> {
     body.pointer("/error/type").and_then(Value::as_str)
 }
 
+/// Why an `_mget` answer of counters could not be read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum MgetError {
+    /// A document could not be read (a shard failed): worth retrying.
+    Doc(String),
+    /// The answer is not what `_mget` gives: a bug or a proxy in the way.
+    Shape(String),
+}
+
+/// The counters of an `_mget` of `ids`, one per id in order (`None`: not
+/// found). The engine answers every document in request order, a missing
+/// index as a per-document `index_not_found_exception` inside a 200 (as the
+/// real node does for a tenant never written to): that reads as not found.
+pub fn counters_from_mget(body: &Value, ids: &[String]) -> Result<Vec<Option<Counter>>, MgetError> {
+    let docs = body
+        .get("docs")
+        .and_then(Value::as_array)
+        .ok_or_else(|| MgetError::Shape("the _mget answer has no docs".into()))?;
+    if docs.len() != ids.len() {
+        return Err(MgetError::Shape(format!(
+            "the _mget answer has {} docs for {} ids",
+            docs.len(),
+            ids.len()
+        )));
+    }
+    docs.iter()
+        .zip(ids)
+        .map(|(doc, id)| {
+            if doc.get("_id").and_then(Value::as_str) != Some(id.as_str()) {
+                return Err(MgetError::Shape(format!(
+                    "the _mget answer is out of order: {} where {id:?} was asked",
+                    doc.get("_id").unwrap_or(&Value::Null)
+                )));
+            }
+            if let Some(error) = doc.get("error") {
+                return match error.get("type").and_then(Value::as_str) {
+                    Some("index_not_found_exception") => Ok(None),
+                    _ => Err(MgetError::Doc(format!(
+                        "_mget of {id:?} failed: {}",
+                        describe_error(Some(error))
+                    ))),
+                };
+            }
+            match doc.get("found") {
+                Some(Value::Bool(true)) => doc
+                    .get("_source")
+                    .and_then(counter_from_source)
+                    .map(Some)
+                    .ok_or_else(|| {
+                        MgetError::Shape(format!(
+                            "the counter document {id:?} lacks required fields"
+                        ))
+                    }),
+                Some(Value::Bool(false)) => Ok(None),
+                _ => Err(MgetError::Shape(format!(
+                    "the _mget answer for {id:?} says neither found nor error"
+                ))),
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,5 +388,59 @@ mod tests {
             classify_item(400, Some(&other)),
             ItemClass::Rejected(_)
         ));
+    }
+
+    /// Answers of the real OpenSearch 2.19 node (`tests/es_real.rs` plays
+    /// the same reads), trimmed to the fields the parser reads.
+    #[test]
+    fn mget_answers_read_in_order_with_missing_indices_as_not_found() {
+        let source = json!({"entity": "A", "action": "V", "uuid": "x", "value": 5,
+            "first_timestamp": "2026-11-30T10:00:00.000Z", "recorded_timestamp": "2026-11-30T10:00:00.000Z"});
+        let ids: Vec<String> = ["A_V_x", "nope", "A_V_x"].map(String::from).to_vec();
+        let found = json!({"docs": [
+            {"_index": "c", "_id": "A_V_x", "_version": 1, "_seq_no": 0, "_primary_term": 1, "found": true, "_source": source},
+            {"_index": "c", "_id": "nope", "found": false},
+            {"_index": "c", "_id": "A_V_x", "_version": 1, "_seq_no": 0, "_primary_term": 1, "found": true, "_source": source},
+        ]});
+        let got = counters_from_mget(&found, &ids).unwrap();
+        assert_eq!(
+            got.iter()
+                .map(|c| c.as_ref().map(|c| c.value))
+                .collect::<Vec<_>>(),
+            [Some(5), None, Some(5)]
+        );
+
+        let missing_index = json!({"type": "index_not_found_exception", "reason": "no such index [c]", "index": "c"});
+        let no_index = json!({"docs": [
+            {"_index": "c", "_id": "A_V_x", "error": {"root_cause": [missing_index.clone()], "type": "index_not_found_exception", "reason": "no such index [c]"}},
+            {"_index": "c", "_id": "nope", "error": missing_index},
+            {"_index": "c", "_id": "A_V_x", "error": {"type": "index_not_found_exception", "reason": "no such index [c]"}},
+        ]});
+        assert_eq!(
+            counters_from_mget(&no_index, &ids).unwrap(),
+            [None, None, None]
+        );
+    }
+
+    #[test]
+    fn mget_failures_are_told_apart_from_misshapen_answers() {
+        let ids = vec!["a".to_string()];
+        let shard = json!({"docs": [{"_index": "c", "_id": "a",
+            "error": {"type": "no_shard_available_action_exception", "reason": "No shard available"}}]});
+        assert!(
+            matches!(counters_from_mget(&shard, &ids), Err(MgetError::Doc(m)) if m.contains("No shard available"))
+        );
+        for bad in [
+            json!({}),
+            json!({"docs": []}),
+            json!({"docs": [{"_id": "b", "found": false}]}),
+            json!({"docs": [{"_id": "a"}]}),
+            json!({"docs": [{"_id": "a", "found": true, "_source": {"entity": "A"}}]}),
+        ] {
+            assert!(
+                matches!(counters_from_mget(&bad, &ids), Err(MgetError::Shape(_))),
+                "{bad}"
+            );
+        }
     }
 }
