@@ -27,10 +27,10 @@ pub const ROUTES: &[&str] = &[
     "/dashboard",
     "/dashboard/dashboard.js",
     "/dashboard/dashboard.css",
-    "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
-    "/v1/days",
     "/v1/counters",
     "/v1/counters/get",
+    "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
+    "/v1/days",
 ];
 /// The route label of requests no route matched.
 pub const UNMATCHED: usize = ROUTES.len();

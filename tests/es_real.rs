@@ -1152,6 +1152,104 @@ async fn expired_bucket_months_are_deleted() {
     assert_eq!(after, (404, 404, 200));
 }
 
+/// The multi-read on the real node: 1,000 keys in one `_mget`, read at once
+/// after their writes (realtime, no refresh), in order, missing ones as
+/// such; the same bytes, so the same ETag, as the embedded store over the
+/// same writes; and a tenant without indices reads as all missing (the
+/// node answers `index_not_found_exception` per document inside a 200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn a_multi_read_of_1000_keys_sees_every_acknowledged_write() {
+    let url = cluster().await;
+    let es = Es {
+        url: url.clone(),
+        prefix: prefix(),
+        http: reqwest::Client::new(),
+    };
+    let cfg = EsConfig::new(&url, &es.prefix, "default").unwrap();
+    let store = ElasticsearchStore::open(cfg, clock(), true)
+        .await
+        .expect("setup against the cluster");
+    let ghost: Arc<dyn Store> = Arc::new(store.for_tenant("ghost").unwrap());
+    let on_es = router_over(Arc::new(store), clock());
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(
+            dir.path(),
+            Durability::Relaxed,
+            Duration::from_secs(86_400),
+            TimePolicy::default().retention_days,
+            clock(),
+        )
+        .unwrap(),
+    );
+    let embedded = router_over(sqlite, clock());
+
+    // Every other key of the 1,000 is counted, some with a category.
+    let events: Vec<Value> = (0..1_000)
+        .filter(|i| i % 2 == 0)
+        .map(|i| {
+            let mut ev = json!({"entity": "ARTICLE", "action": "VIEW", "uuid": format!("a{i}"), "count": i + 1});
+            if i % 10 == 0 {
+                ev["category"] = json!("news");
+            }
+            ev
+        })
+        .collect();
+    for router in [&on_es, &embedded] {
+        let (status, body) = call(
+            router,
+            "POST",
+            "/v1/events",
+            Some(json!({"events": events})),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let keys: Vec<Value> = (0..1_000)
+        .rev()
+        .map(|i| json!({"entity": "ARTICLE", "action": "VIEW", "uuid": format!("a{i}")}))
+        .collect();
+    let body = json!({"keys": keys});
+    let (status, got) = call(&on_es, "POST", "/v1/counters/get", Some(body.clone())).await;
+    assert_eq!(status, 200, "{got}");
+    let counters = got["counters"].as_array().unwrap();
+    assert_eq!(counters.len(), 1_000);
+    for (c, i) in counters.iter().zip((0..1_000).rev()) {
+        assert_eq!(c["uuid"], format!("a{i}"));
+        let counted = i % 2 == 0;
+        assert_eq!(c["found"], counted, "{c}");
+        assert_eq!(c["value"], if counted { i + 1 } else { 0 }, "{c}");
+    }
+    let (_, on_embedded) = call(&embedded, "POST", "/v1/counters/get", Some(body)).await;
+    assert_eq!(got, on_embedded, "both stores answer alike");
+
+    // The GET form: equal answers, equal bytes, equal tags.
+    let path = "/v1/counters?keys=ARTICLE/VIEW/a10,ARTICLE/VIEW/a11,ARTICLE/VIEW/a0";
+    let mut tags = Vec::new();
+    for router in [&on_es, &embedded] {
+        let res = router
+            .clone()
+            .oneshot(Request::builder().uri(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        let tag = res.headers()["etag"].to_str().unwrap().to_string();
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        tags.push((tag, bytes));
+    }
+    assert_eq!(tags[0], tags[1], "the same tag and bytes on both stores");
+
+    let asked: Vec<counter_gateway::domain::CounterKey> = (0..3)
+        .map(|i| {
+            counter_gateway::domain::CounterKey::new("ARTICLE", "VIEW", &format!("a{i}")).unwrap()
+        })
+        .collect();
+    assert_eq!(ghost.get_many(&asked).await.unwrap(), vec![None; 3]);
+    assert!(ghost.get_many(&[]).await.unwrap().is_empty());
+    es.cleanup().await;
+}
+
 /// The UTC day `n` days before the tests' clock, as the API names days.
 fn backfill_day(n: i64) -> String {
     (common::test_now() - chrono::Duration::days(n))
@@ -1332,103 +1430,5 @@ async fn a_backfill_adds_its_fields_to_indices_an_older_version_created() {
         (&json!(1), &json!(5)),
         "{b}"
     );
-    es.cleanup().await;
-}
-
-/// The multi-read on the real node: 1,000 keys in one `_mget`, read at once
-/// after their writes (realtime, no refresh), in order, missing ones as
-/// such; the same bytes, so the same ETag, as the embedded store over the
-/// same writes; and a tenant without indices reads as all missing (the
-/// node answers `index_not_found_exception` per document inside a 200).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
-async fn a_multi_read_of_1000_keys_sees_every_acknowledged_write() {
-    let url = cluster().await;
-    let es = Es {
-        url: url.clone(),
-        prefix: prefix(),
-        http: reqwest::Client::new(),
-    };
-    let cfg = EsConfig::new(&url, &es.prefix, "default").unwrap();
-    let store = ElasticsearchStore::open(cfg, clock(), true)
-        .await
-        .expect("setup against the cluster");
-    let ghost: Arc<dyn Store> = Arc::new(store.for_tenant("ghost").unwrap());
-    let on_es = router_over(Arc::new(store), clock());
-    let dir = tempfile::tempdir().unwrap();
-    let sqlite: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(
-            dir.path(),
-            Durability::Relaxed,
-            Duration::from_secs(86_400),
-            TimePolicy::default().retention_days,
-            clock(),
-        )
-        .unwrap(),
-    );
-    let embedded = router_over(sqlite, clock());
-
-    // Every other key of the 1,000 is counted, some with a category.
-    let events: Vec<Value> = (0..1_000)
-        .filter(|i| i % 2 == 0)
-        .map(|i| {
-            let mut ev = json!({"entity": "ARTICLE", "action": "VIEW", "uuid": format!("a{i}"), "count": i + 1});
-            if i % 10 == 0 {
-                ev["category"] = json!("news");
-            }
-            ev
-        })
-        .collect();
-    for router in [&on_es, &embedded] {
-        let (status, body) = call(
-            router,
-            "POST",
-            "/v1/events",
-            Some(json!({"events": events})),
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
-    }
-    let keys: Vec<Value> = (0..1_000)
-        .rev()
-        .map(|i| json!({"entity": "ARTICLE", "action": "VIEW", "uuid": format!("a{i}")}))
-        .collect();
-    let body = json!({"keys": keys});
-    let (status, got) = call(&on_es, "POST", "/v1/counters/get", Some(body.clone())).await;
-    assert_eq!(status, 200, "{got}");
-    let counters = got["counters"].as_array().unwrap();
-    assert_eq!(counters.len(), 1_000);
-    for (c, i) in counters.iter().zip((0..1_000).rev()) {
-        assert_eq!(c["uuid"], format!("a{i}"));
-        let counted = i % 2 == 0;
-        assert_eq!(c["found"], counted, "{c}");
-        assert_eq!(c["value"], if counted { i + 1 } else { 0 }, "{c}");
-    }
-    let (_, on_embedded) = call(&embedded, "POST", "/v1/counters/get", Some(body)).await;
-    assert_eq!(got, on_embedded, "both stores answer alike");
-
-    // The GET form: equal answers, equal bytes, equal tags.
-    let path = "/v1/counters?keys=ARTICLE/VIEW/a10,ARTICLE/VIEW/a11,ARTICLE/VIEW/a0";
-    let mut tags = Vec::new();
-    for router in [&on_es, &embedded] {
-        let res = router
-            .clone()
-            .oneshot(Request::builder().uri(path).body(Body::empty()).unwrap())
-            .await
-            .unwrap();
-        assert_eq!(res.status(), 200);
-        let tag = res.headers()["etag"].to_str().unwrap().to_string();
-        let bytes = res.into_body().collect().await.unwrap().to_bytes();
-        tags.push((tag, bytes));
-    }
-    assert_eq!(tags[0], tags[1], "the same tag and bytes on both stores");
-
-    let asked: Vec<counter_gateway::domain::CounterKey> = (0..3)
-        .map(|i| {
-            counter_gateway::domain::CounterKey::new("ARTICLE", "VIEW", &format!("a{i}")).unwrap()
-        })
-        .collect();
-    assert_eq!(ghost.get_many(&asked).await.unwrap(), vec![None; 3]);
-    assert!(ghost.get_many(&[]).await.unwrap().is_empty());
     es.cleanup().await;
 }

@@ -266,17 +266,17 @@ impl Store for Recorder {
     async fn top_averages(&self, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
         self.inner.top_averages(q).await
     }
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        self.reads()?;
+        self.inner.get_many(keys).await
+    }
+
     async fn set_days(
         &self,
         sets: Vec<counter_gateway::domain::DaySet>,
         oldest_day: i64,
     ) -> Result<counter_gateway::store::DaysOutcome, StoreError> {
         self.inner.set_days(sets, oldest_day).await
-    }
-
-    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
-        self.reads()?;
-        self.inner.get_many(keys).await
     }
 }
 

@@ -111,13 +111,13 @@ pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
         .route("/dashboard", get(dashboard::page))
         .route("/dashboard/dashboard.js", get(dashboard::script))
         .route("/dashboard/dashboard.css", get(dashboard::style))
+        .route("/v1/counters", get(multiread::get))
+        .route("/v1/counters/get", post(multiread::post))
         .route(
             "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
             put(days::put_one),
         )
         .route("/v1/days", put(days::put_many))
-        .route("/v1/counters", get(multiread::get))
-        .route("/v1/counters/get", post(multiread::post))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))

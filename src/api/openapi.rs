@@ -23,10 +23,10 @@ pub enum Param {
     Name(&'static str),
     /// An optional query parameter with its schema.
     Query(&'static str, &'static str),
-    /// A UTC day in the path, `YYYY-MM-DD`.
-    Day(&'static str),
     /// A required query parameter with its schema.
     Required(&'static str, &'static str),
+    /// A UTC day in the path, `YYYY-MM-DD`.
+    Day(&'static str),
 }
 
 /// The body an operation takes.
@@ -36,12 +36,12 @@ pub enum Body {
     Increment,
     Events,
     Sample,
+    /// The keys of a multi-read.
+    Keys,
     /// One backfilled day: `{"value", "category"}`.
     Day,
     /// Many: `{"days": [...]}`.
     Days,
-    /// The keys of a multi-read.
-    Keys,
 }
 
 pub struct Operation {
@@ -309,26 +309,6 @@ pub const OPERATIONS: &[Operation] = &[
         errors: &[304],
     },
     Operation {
-        method: "put",
-        path: "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
-        summary: "Backfill: set one UTC day's bucket to `value`, moving the counter by the difference (created if absent); setting it twice is the same as once",
-        role: Some(Role::Admin),
-        params: KEY_DAY,
-        body: Body::Day,
-        ok: (200, "DaySet"),
-        errors: &[409],
-    },
-    Operation {
-        method: "put",
-        path: "/v1/days",
-        summary: "Backfill many days of many counters, all validated before any is set, all or nothing",
-        role: Some(Role::Admin),
-        params: &[],
-        body: Body::Days,
-        ok: (200, "DaysSet"),
-        errors: &[409],
-    },
-    Operation {
         method: "get",
         path: "/v1/counters",
         summary: "Up to 100 counters by key, in the order asked, missing ones as found: false and value 0; cacheable (ETag, 304 on If-None-Match, Cache-Control)",
@@ -347,6 +327,26 @@ pub const OPERATIONS: &[Operation] = &[
         body: Body::Keys,
         ok: (200, "CounterValues"),
         errors: &[413, 415],
+    },
+    Operation {
+        method: "put",
+        path: "/v1/counters/{entity}/{action}/{uuid}/days/{day}",
+        summary: "Backfill: set one UTC day's bucket to `value`, moving the counter by the difference (created if absent); setting it twice is the same as once",
+        role: Some(Role::Admin),
+        params: KEY_DAY,
+        body: Body::Day,
+        ok: (200, "DaySet"),
+        errors: &[409],
+    },
+    Operation {
+        method: "put",
+        path: "/v1/days",
+        summary: "Backfill many days of many counters, all validated before any is set, all or nothing",
+        role: Some(Role::Admin),
+        params: &[],
+        body: Body::Days,
+        ok: (200, "DaysSet"),
+        errors: &[409],
     },
 ];
 
@@ -591,8 +591,8 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
             params.push(match p {
                 Param::Name(n) => json!({"name": n, "in": "path", "required": true, "schema": name_schema()}),
                 Param::Query(n, kind) => json!({"name": n, "in": "query", "required": false, "schema": query_schema(kind)}),
-                Param::Day(n) => json!({"name": n, "in": "path", "required": true, "schema": query_schema("day")}),
                 Param::Required(n, kind) => json!({"name": n, "in": "query", "required": true, "schema": query_schema(kind)}),
+                Param::Day(n) => json!({"name": n, "in": "path", "required": true, "schema": query_schema("day")}),
             });
         }
         if op.role.is_some() {
@@ -668,7 +668,7 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
         if let Some(schema) = body_schema(op.body, max_events) {
             let required = matches!(
                 op.body,
-                Body::Events | Body::Sample | Body::Day | Body::Days | Body::Keys
+                Body::Events | Body::Sample | Body::Keys | Body::Day | Body::Days
             );
             o["requestBody"] = json!({"required": required, "content": {
                 "application/json": {"schema": schema},

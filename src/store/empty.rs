@@ -90,15 +90,15 @@ impl Store for EmptyStore {
         })
     }
 
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        Ok(vec![None; keys.len()])
+    }
+
     async fn set_days(
         &self,
         _sets: Vec<DaySet>,
         _oldest_day: i64,
     ) -> Result<DaysOutcome, StoreError> {
         Err(StoreError::Internal(NO_WRITES.into()))
-    }
-
-    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
-        Ok(vec![None; keys.len()])
     }
 }

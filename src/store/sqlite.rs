@@ -1087,6 +1087,15 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = keys.to_vec();
+        self.with_reader(move |c| multiget::counters(c, &keys))
+            .await
+    }
+
     /// One transaction on the writer, then an fsync of its own (as a delete
     /// does): answered only once durable.
     async fn set_days(
@@ -1113,15 +1122,6 @@ impl Store for SqliteStore {
             }
         }
         Ok(out)
-    }
-
-    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let keys = keys.to_vec();
-        self.with_reader(move |c| multiget::counters(c, &keys))
-            .await
     }
 }
 

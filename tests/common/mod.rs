@@ -507,15 +507,6 @@ macro_rules! store_wrapper {
             {
                 self.inner.top_averages(q).await
             }
-            async fn set_days(
-                &self,
-                sets: Vec<counter_gateway::domain::DaySet>,
-                oldest_day: i64,
-            ) -> Result<counter_gateway::store::DaysOutcome, counter_gateway::store::StoreError>
-            {
-                self.inner.set_days(sets, oldest_day).await
-            }
-
             async fn get_many(
                 &self,
                 keys: &[counter_gateway::domain::CounterKey],
@@ -524,6 +515,14 @@ macro_rules! store_wrapper {
                 counter_gateway::store::StoreError,
             > {
                 self.inner.get_many(keys).await
+            }
+            async fn set_days(
+                &self,
+                sets: Vec<counter_gateway::domain::DaySet>,
+                oldest_day: i64,
+            ) -> Result<counter_gateway::store::DaysOutcome, counter_gateway::store::StoreError>
+            {
+                self.inner.set_days(sets, oldest_day).await
             }
         }
     };

@@ -233,15 +233,15 @@ impl Store for ElasticsearchStore {
         self.read_top_averages(q).await
     }
 
+    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
+        self.get_counters(keys).await
+    }
+
     async fn set_days(
         &self,
         sets: Vec<DaySet>,
         oldest_day: i64,
     ) -> Result<DaysOutcome, StoreError> {
         self.set_days_es(sets, oldest_day).await
-    }
-
-    async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {
-        self.get_counters(keys).await
     }
 }
