@@ -67,6 +67,8 @@ struct State {
     no_auto_create: bool,
     /// `PUT /<index>` is refused (the user lacks `create_index`).
     refuse_create: bool,
+    /// Every `_update` (a backfill's counter step) answers 503.
+    refuse_updates: bool,
     /// `GET /` answers as OpenSearch 2.19 (no ILM).
     opensearch: bool,
     /// `_seq_no` of each document, bumped by every write to it (one
@@ -859,6 +861,13 @@ impl Fake {
                 )
             }
             ("POST", [index, "_update", id]) => {
+                if st.refuse_updates {
+                    return es(
+                        503,
+                        json!({"error": {"type": "unavailable_shards_exception",
+                            "reason": format!("[{index}][0] primary shard is not active")}, "status": 503}),
+                    );
+                }
                 let payload: Value = serde_json::from_slice(&body).unwrap();
                 assert_eq!(payload["scripted_upsert"], json!(true));
                 let key = (index.to_string(), decode(id));
@@ -2321,4 +2330,43 @@ async fn a_multi_read_is_one_realtime_mget() {
         2,
         "nothing sent for a refused or an empty request"
     );
+}
+
+/// A backfill whose counter update keeps failing after its bucket was set
+/// answers 503 saying the day may be half set (the histogram already shows
+/// the new value, the counter not), and the day after it was not touched;
+/// sending it again once the cluster answers completes both exactly.
+#[tokio::test]
+async fn a_backfill_cut_short_by_the_cluster_says_so_and_is_completed_by_a_resend() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let ev = json!({"events": [{"entity": "VIDEO", "action": "VIEW", "uuid": "a", "count": 5, "timestamp": ago(1)}]});
+    assert_eq!(call(&router, "POST", "/v1/events", Some(ev)).await.0, 200);
+    let body = json!({"days": [
+        {"entity": "VIDEO", "action": "VIEW", "uuid": "a", "day": day_ago(1), "value": 9},
+        {"entity": "VIDEO", "action": "VIEW", "uuid": "b", "day": day_ago(2), "value": 3},
+    ]});
+    fake.0.lock().unwrap().refuse_updates = true;
+    let (status, b) = call(&router, "PUT", "/v1/days", Some(body.clone())).await;
+    assert_eq!(status, 503, "{b}");
+    let reason = b["error"]["reason"].as_str().unwrap();
+    assert!(reason.contains("0 of 2 days were set"), "{reason}");
+    assert!(
+        reason.contains(&day_ago(1)) && reason.contains("may be half set"),
+        "{reason}"
+    );
+    let (_, c) = call(&router, "GET", "/v1/counters/VIDEO/VIEW/a", None).await;
+    assert_eq!(c["value"], 5, "the counter is behind: {c}");
+    let (_, c) = call(&router, "GET", "/v1/counters/VIDEO/VIEW/b", None).await;
+    assert_eq!(c["error"]["type"], "not_found", "{c}");
+    fake.0.lock().unwrap().refuse_updates = false;
+    for _ in 0..2 {
+        let (status, b) = call(&router, "PUT", "/v1/days", Some(body.clone())).await;
+        assert_eq!(status, 200, "{b}");
+    }
+    let (_, c) = call(&router, "GET", "/v1/counters/VIDEO/VIEW/a", None).await;
+    assert_eq!(c["value"], 9, "{c}");
+    let (_, c) = call(&router, "GET", "/v1/counters/VIDEO/VIEW/b", None).await;
+    assert_eq!(c["value"], 3, "{c}");
 }

@@ -1362,3 +1362,73 @@ async fn increments_racing_backfills_keep_the_counter_the_sum_of_its_buckets() {
     assert_eq!(today["value"], 45, "{h}");
     es.cleanup().await;
 }
+
+/// Indices created by an earlier version lack the backfill fields, and
+/// their strict mappings would refuse them: the first set adds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn a_backfill_adds_its_fields_to_indices_an_older_version_created() {
+    let (es, r) = start().await;
+    for (name, field) in [
+        ("counter-mappings", "set_days"),
+        ("bucket-mappings", "last_set"),
+    ] {
+        let url = format!("{}/_component_template/{}-{name}", es.url, es.prefix);
+        let mut got: Value = es
+            .http
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let mut old = got["component_templates"][0]["component_template"].take();
+        let props = old["template"]["mappings"]["properties"]
+            .as_object_mut()
+            .unwrap();
+        assert!(props.remove(field).is_some(), "{name}");
+        let put = es.http.put(&url).json(&old).send().await.unwrap();
+        assert!(put.status().is_success(), "{}", put.text().await.unwrap());
+    }
+    let ts = common::rfc3339(common::test_now() - chrono::Duration::days(1));
+    let path = "/v1/counters/VIDEO/VIEW/old";
+    let (s, b) = call(
+        &r,
+        "POST",
+        &format!("{path}/increment"),
+        Some(json!({"timestamp": ts})),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    let mapping: Value = es
+        .http
+        .get(format!(
+            "{}/{}_default_counters/_mapping",
+            es.url, es.prefix
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        !mapping.to_string().contains("set_days"),
+        "the index is as an older version made it: {mapping}"
+    );
+    let (s, b) = call(
+        &r,
+        "PUT",
+        &format!("{path}/days/{}", backfill_day(1)),
+        Some(json!({"value": 5})),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(
+        (&b["previous"], &b["counter"]["value"]),
+        (&json!(1), &json!(5)),
+        "{b}"
+    );
+    es.cleanup().await;
+}

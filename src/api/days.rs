@@ -223,11 +223,20 @@ async fn apply(
                 format_day(*day)
             )))
         }
-        DaysOutcome::Incomplete { done, reason } => {
+        DaysOutcome::Incomplete {
+            done,
+            half_set,
+            reason,
+        } => {
             let (key, day) = &described[done.min(described.len() - 1)];
+            let state = if half_set {
+                "may be half set (its bucket, not yet its counter)"
+            } else {
+                "was not set"
+            };
             Err(ApiError::store(
                 &format!(
-                    "{done} of {} days were set; day {} of counter {key} may be half set (its bucket, not yet its counter) and the days after it were not set; sending the same days again completes them exactly",
+                    "{done} of {} days were set; day {} of counter {key} {state} and the days after it were not set; sending the same days again completes them exactly",
                     described.len(),
                     format_day(*day)
                 ),

@@ -155,10 +155,15 @@ pub enum DaysOutcome {
     /// outside the signed 64-bit range.
     Overflow { index: usize },
     /// (A store without multi-document transactions.) The sets before
-    /// `done` are applied, the ones after it are not, and `sets[done]` may
-    /// be half applied: its bucket set, its counter not yet moved. Setting
-    /// the same values again completes it exactly.
-    Incomplete { done: usize, reason: String },
+    /// `done` are applied, the ones after it are not; with `half_set`,
+    /// `sets[done]` may be half applied (its bucket set, its counter not yet
+    /// moved), without, nothing of it is. Setting the same values again
+    /// completes them exactly.
+    Incomplete {
+        done: usize,
+        half_set: bool,
+        reason: String,
+    },
 }
 
 /// One day bucket of a counter's histogram.

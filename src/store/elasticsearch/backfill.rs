@@ -94,9 +94,10 @@ impl LastSet {
 enum SetError {
     /// Nothing of it is applied: its counter would leave the i64 range.
     Overflow,
-    /// It may be half applied (bucket set, counter not yet moved); the text
-    /// says which.
-    Failed(String),
+    /// Not finished; with `true`, the day may be half set (its bucket
+    /// holds a set its counter does not have yet), with `false` nothing of
+    /// this set was written.
+    Failed(String, bool),
 }
 
 impl ElasticsearchStore {
@@ -119,14 +120,20 @@ impl ElasticsearchStore {
                 Err(SetError::Overflow) => {
                     return Ok(DaysOutcome::Incomplete {
                         done: i,
+                        // Its bucket was taken back before the refusal.
+                        half_set: false,
                         reason: format!(
                             "an increment that raced the backfill would make counter {} leave the signed 64-bit range",
                             s.key
                         ),
-                    })
+                    });
                 }
-                Err(SetError::Failed(reason)) => {
-                    return Ok(DaysOutcome::Incomplete { done: i, reason })
+                Err(SetError::Failed(reason, half_set)) => {
+                    return Ok(DaysOutcome::Incomplete {
+                        done: i,
+                        half_set,
+                        reason,
+                    })
                 }
             }
         }
@@ -223,12 +230,15 @@ impl ElasticsearchStore {
         let counter_id = s.key.doc_id();
         let index = self.config.names.buckets(s.day);
         let doc = encode_path_segment(&bucket_doc_id(&counter_id, s.day));
-        let failed = |what: &str, e: String| {
-            SetError::Failed(format!(
-                "setting day {} of counter {}: {what}: {e}",
-                format_day(s.day),
-                s.key
-            ))
+        let failed = |what: &str, e: String, half: bool| {
+            SetError::Failed(
+                format!(
+                    "setting day {} of counter {}: {what}: {e}",
+                    format_day(s.day),
+                    s.key
+                ),
+                half,
+            )
         };
         let mine = LastSet {
             id: new_set_id(),
@@ -238,12 +248,15 @@ impl ElasticsearchStore {
         };
         // The value this set replaced, once its bucket write may have landed.
         let mut replaced: Option<i64> = None;
+        // Whether a bucket write of this set may have landed: every answer
+        // but a conflict or a refusal leaves it possible.
+        let mut maybe_written = false;
         let mut attempt = 0;
         loop {
             let b = self
                 .read_bucket(&index, &doc, &counter_id)
                 .await
-                .map_err(|e| failed("reading the bucket", e))?;
+                .map_err(|e| failed("reading the bucket", e, maybe_written))?;
             if let Some(last) = &b.last_set {
                 self.apply_to_counter(&s.key, last, true, oldest_day)
                     .await
@@ -252,6 +265,7 @@ impl ElasticsearchStore {
                         SetError::Overflow => failed(
                             "completing an earlier set of this day",
                             "it would overflow the counter".into(),
+                            true,
                         ),
                         other => other,
                     })?;
@@ -266,7 +280,9 @@ impl ElasticsearchStore {
                 self.apply_to_counter(&s.key, &mine, false, oldest_day)
                     .await
                     .map_err(|e| match e {
-                        SetError::Overflow => failed("touching the counter", "overflow".into()),
+                        SetError::Overflow => {
+                            failed("touching the counter", "overflow".into(), maybe_written)
+                        }
                         other => other,
                     })?;
                 return Ok(replaced.unwrap_or(b.value));
@@ -276,6 +292,7 @@ impl ElasticsearchStore {
                 return Err(failed(
                     "giving up",
                     format!("the bucket changed under {MAX_BUCKET_ATTEMPTS} attempts in a row"),
+                    maybe_written,
                 ));
             }
             let this = LastSet {
@@ -295,7 +312,7 @@ impl ElasticsearchStore {
             }
             source.insert("last_set".into(), this.to_value());
             let body = serde_json::to_vec(&Value::Object(source))
-                .map_err(|e| failed("encoding the bucket", e.to_string()))?;
+                .map_err(|e| failed("encoding the bucket", e.to_string(), maybe_written))?;
             let (path, seq, term);
             let mut params: Vec<(&str, &str)> = vec![("routing", counter_id.as_str())];
             match b.version {
@@ -315,6 +332,8 @@ impl ElasticsearchStore {
                 // our own write if it landed.
                 Ok((409, _)) => continue,
                 Ok((status, answer)) if status == 429 || status >= 500 => {
+                    // A proxy's 5xx may hide a write that landed.
+                    maybe_written = true;
                     tracing::debug!(status, error = %response::describe_error(answer.get("error")), "bucket write refused; retrying");
                     self.pause(attempt).await;
                     continue;
@@ -323,9 +342,11 @@ impl ElasticsearchStore {
                     return Err(failed(
                         "writing the bucket",
                         format!("{status} {}", response::describe_error(answer.get("error"))),
+                        maybe_written,
                     ))
                 }
                 Err(e) => {
+                    maybe_written = true;
                     tracing::debug!(error = %e, "bucket write unanswered; reading it again");
                     self.pause(attempt).await;
                     continue;
@@ -336,7 +357,7 @@ impl ElasticsearchStore {
                 Err(SetError::Overflow) => {
                     self.take_back(&index, &doc, &counter_id, &this)
                         .await
-                        .map_err(|e| failed("taking back the bucket after an overflow", e))?;
+                        .map_err(|e| failed("taking back the bucket after an overflow", e, true))?;
                     return Err(SetError::Overflow);
                 }
                 Err(e) => return Err(e),
@@ -428,7 +449,7 @@ impl ElasticsearchStore {
             "upsert": {},
             "script": {"id": templates::counter_set_script_id(self.config.names.prefix()), "params": params},
         }))
-        .map_err(|e| SetError::Failed(e.to_string()))?;
+        .map_err(|e| SetError::Failed(e.to_string(), true))?;
         let path = format!(
             "/{}/_update/{}",
             self.config.names.counters(),
@@ -452,20 +473,26 @@ impl ElasticsearchStore {
                     ItemClass::Overflow(_) => return Err(SetError::Overflow),
                     ItemClass::Retry(r) | ItemClass::Unknown(r) => r,
                     ItemClass::Rejected(r) => {
-                        return Err(SetError::Failed(format!(
-                            "the counter {key} refused the set of day {}: {r}; its bucket is set, so setting the same value again completes it",
-                            format_day(day)
-                        )))
+                        return Err(SetError::Failed(
+                            format!(
+                                "the counter {key} refused the set of day {}: {r}; its bucket is set, so setting the same value again completes it",
+                                format_day(day)
+                            ),
+                            true,
+                        ))
                     }
                 },
                 Err(e) => e.to_string(),
             };
             let delay = self.config.backoff.delay(attempt, &self.jitter);
             if waited + delay > self.config.backoff.budget {
-                return Err(SetError::Failed(format!(
-                    "the counter {key} did not take the set of day {} ({why}); its bucket may be set already, and setting the same value again completes it",
-                    format_day(day)
-                )));
+                return Err(SetError::Failed(
+                    format!(
+                        "the counter {key} did not take the set of day {} ({why}); its bucket may be set already, and setting the same value again completes it",
+                        format_day(day)
+                    ),
+                    true,
+                ));
             }
             tokio::time::sleep(delay).await;
             waited += delay;
