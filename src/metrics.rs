@@ -8,13 +8,21 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+static ROUTES: OnceLock<Vec<String>> = OnceLock::new();
+
 /// Every route pattern of the API, as the router matches it, in the order of
-/// the table of routes (`crate::api::table`), read from it once: a route is
-/// labelled by the same table that routes and documents it, and the set of
-/// labels is fixed for the life of the process.
+/// the table of routes (`crate::api::table`): a route is labelled by the
+/// same table that routes and documents it. The router hands them over when
+/// it is built ([`register_routes`]), so this layer needs nothing of the API;
+/// empty until then (no request can have been answered before).
 pub fn routes() -> &'static [String] {
-    static ROUTES: OnceLock<Vec<String>> = OnceLock::new();
-    ROUTES.get_or_init(crate::api::openapi::route_patterns)
+    ROUTES.get().map_or(&[], Vec::as_slice)
+}
+
+/// Fixes the route labels for the life of the process; the first call wins
+/// (every router of a process is built from the same table).
+pub fn register_routes(patterns: impl FnOnce() -> Vec<String>) {
+    ROUTES.get_or_init(patterns);
 }
 
 /// The route label of requests no route matched (any index past
@@ -105,6 +113,8 @@ impl Histogram {
 
 /// Requests by route, method and status, and their latency by route and method.
 struct HttpMetrics {
+    /// Route labels known when these were made (then one for `unmatched`).
+    routes: usize,
     /// `[route][method][status]`, flattened.
     requests: Vec<AtomicU64>,
     /// `[route][method]`, flattened.
@@ -113,8 +123,10 @@ struct HttpMetrics {
 
 impl Default for HttpMetrics {
     fn default() -> Self {
-        let route_labels = routes().len() + 1;
+        let routes = routes().len();
+        let route_labels = routes + 1;
         HttpMetrics {
+            routes,
             requests: (0..route_labels * METHODS.len() * STATUSES.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -141,7 +153,9 @@ impl Default for FlushHistograms {
 
 #[derive(Default)]
 pub struct Metrics {
-    http: HttpMetrics,
+    /// Sized by the route labels, so made at the first request, once the
+    /// router has registered them.
+    http: OnceLock<HttpMetrics>,
     flush_histograms: FlushHistograms,
     flushes: AtomicU64,
     flushed_increments: AtomicU64,
@@ -152,6 +166,10 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    fn http(&self) -> &HttpMetrics {
+        self.http.get_or_init(HttpMetrics::default)
+    }
+
     pub fn record_flush(&self, increments: usize, store_writes: usize, took: Duration) {
         self.flushes.fetch_add(1, Relaxed);
         self.flushed_increments
@@ -182,9 +200,10 @@ impl Metrics {
             .iter()
             .position(|x| *x == status)
             .unwrap_or(STATUSES.len() - 1);
-        let rm = route.min(routes().len()) * METHODS.len() + m;
-        self.http.requests[rm * STATUSES.len() + s].fetch_add(1, Relaxed);
-        self.http.latency[rm].observe(took.as_secs_f64());
+        let http = self.http();
+        let rm = route.min(http.routes) * METHODS.len() + m;
+        http.requests[rm * STATUSES.len() + s].fetch_add(1, Relaxed);
+        http.latency[rm].observe(took.as_secs_f64());
     }
 
     pub fn record_store_error(&self) {
@@ -307,8 +326,12 @@ impl Metrics {
             out,
             "# HELP {name} Answered requests by matched route, method and status.\n# TYPE {name} counter"
         );
-        let route_name = |r: usize| routes().get(r).map_or("unmatched", String::as_str);
-        for (i, c) in self.http.requests.iter().enumerate() {
+        let http = self.http();
+        let route_name = |r: usize| match routes().get(r) {
+            Some(route) if r < http.routes => route.as_str(),
+            _ => "unmatched",
+        };
+        for (i, c) in http.requests.iter().enumerate() {
             let n = c.load(Relaxed);
             if n == 0 {
                 continue;
@@ -330,7 +353,7 @@ impl Metrics {
             out,
             "# HELP {name} Request latency by matched route and method.\n# TYPE {name} histogram"
         );
-        for (rm, h) in self.http.latency.iter().enumerate() {
+        for (rm, h) in http.latency.iter().enumerate() {
             if h.count() == 0 {
                 continue;
             }

@@ -9,7 +9,8 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::extract::{parse_json, JsonBytes, PathParams, QueryParams};
-use super::queries::{mean, window, KeyPath, WindowJson};
+use super::model::KeyPath;
+use super::queries::{mean, window, WindowJson};
 use crate::domain::{format_ms, Increment, Resolved, SampleSpec};
 use crate::error::ApiError;
 use crate::store::Average;

@@ -5,28 +5,11 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::extract::{parse_json, JsonBytes, PathParams};
-use super::model::IncrementBody;
+use super::model::{IncrementBody, KeyPath};
 use super::openapi::{NotFound, Overflow};
 use super::AppState;
-use crate::domain::{Counter, CounterKey, Increment};
+use crate::domain::{Counter, Increment};
 use crate::error::ApiError;
-
-#[derive(Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Path)]
-pub struct KeyPath {
-    #[param(inline, value_type = crate::api::openapi::Name)]
-    entity: String,
-    #[param(inline, value_type = crate::api::openapi::Name)]
-    action: String,
-    #[param(inline, value_type = crate::api::openapi::Name)]
-    uuid: String,
-}
-
-impl KeyPath {
-    fn key(&self) -> Result<CounterKey, ApiError> {
-        CounterKey::new(&self.entity, &self.action, &self.uuid).map_err(ApiError::BadRequest)
-    }
-}
 
 #[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/increment",
     summary = "Add `count` (default 1) to a counter; answers it after the write is durable",

@@ -70,7 +70,7 @@ pub fn router(state: AppState) -> Router {
 /// The table of routes: every route of the API, each with its handler. It
 /// is the one source of the router ([`gateway_router`]), of `/openapi.json`
 /// (each handler's `#[utoipa::path]`, see [`openapi`]) and of the metrics'
-/// route labels (`crate::metrics::routes`, read from the description).
+/// route labels (`crate::metrics::routes`, registered when a router is built).
 ///
 /// Adding a route is one line here, `.routes(routes!(module::handler))`
 /// (handlers of one path share a line), and a `#[utoipa::path(...)]` on the
@@ -109,6 +109,7 @@ pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
     let limits = gw.tenants.default_tenant().limits;
     let cors = edge::cors(&gw.cors_origins)?;
     let (router, _) = table().split_for_parts();
+    crate::metrics::register_routes(openapi::route_patterns);
     let router = router
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

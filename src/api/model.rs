@@ -202,3 +202,22 @@ impl<'a> EventBody<'a> {
         }
     }
 }
+
+/// The path of every endpoint on one counter: `{entity}/{action}/{uuid}`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct KeyPath {
+    #[param(inline, value_type = crate::api::openapi::Name)]
+    pub entity: String,
+    #[param(inline, value_type = crate::api::openapi::Name)]
+    pub action: String,
+    #[param(inline, value_type = crate::api::openapi::Name)]
+    pub uuid: String,
+}
+
+impl KeyPath {
+    pub fn key(&self) -> Result<crate::domain::CounterKey, crate::error::ApiError> {
+        crate::domain::CounterKey::new(&self.entity, &self.action, &self.uuid)
+            .map_err(crate::error::ApiError::BadRequest)
+    }
+}

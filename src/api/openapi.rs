@@ -113,7 +113,7 @@ pub fn answered_interval() -> Object {
 
 /// A page or list size, `1..=1000`.
 pub fn size() -> Object {
-    bounded(1, super::queries::MAX_TOP_SIZE as i64)
+    bounded(1, crate::store::MAX_TOP_SIZE as i64)
 }
 
 /// A number of days for the reports.

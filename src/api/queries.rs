@@ -7,32 +7,13 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::extract::{PathParams, QueryParams};
+use super::model::KeyPath;
 use super::AppState;
 use crate::domain::{format_day, resolve_window, validate_name, CounterKey, Resolved, Window};
 use crate::error::ApiError;
-use crate::store::{TopAveragesQuery, TopQuery};
+use crate::store::{TopAveragesQuery, TopQuery, MAX_TOP_SIZE};
 
 use super::openapi::NotFound;
-
-/// Largest `size` of a top list.
-pub const MAX_TOP_SIZE: usize = 1000;
-
-#[derive(Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Path)]
-pub struct KeyPath {
-    #[param(inline, value_type = crate::api::openapi::Name)]
-    entity: String,
-    #[param(inline, value_type = crate::api::openapi::Name)]
-    action: String,
-    #[param(inline, value_type = crate::api::openapi::Name)]
-    uuid: String,
-}
-
-impl KeyPath {
-    pub fn key(&self) -> Result<CounterKey, ApiError> {
-        CounterKey::new(&self.entity, &self.action, &self.uuid).map_err(ApiError::BadRequest)
-    }
-}
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Path)]

@@ -30,9 +30,9 @@ struct CounterJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     category: Option<&'a str>,
-    #[schema(schema_with = crate::api::openapi::timestamp)]
+    #[schema(format = DateTime)]
     first_timestamp: String,
-    #[schema(schema_with = crate::api::openapi::timestamp)]
+    #[schema(format = DateTime)]
     recorded_timestamp: String,
 }
 

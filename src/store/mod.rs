@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use crate::domain::{Counter, CounterKey, DaySet, Increment, Window};
 pub use query::{
     Average, AverageEntry, StaleQuery, TopAverages, TopAveragesQuery, TopEntry, TopList, TopQuery,
-    UnusedPair,
+    UnusedPair, MAX_TOP_SIZE,
 };
 
 /// The increments of one flush, grouped by the request that sent them.

@@ -5,6 +5,9 @@
 
 use crate::domain::{CounterKey, Window};
 
+/// Largest `size` of a top list: what a store answers in one page.
+pub const MAX_TOP_SIZE: usize = 1000;
+
 /// The counters with the highest value (all time) or the highest sum of
 /// their day buckets inside `window`.
 ///
