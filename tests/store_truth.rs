@@ -278,6 +278,28 @@ impl Store for Recorder {
     ) -> Result<counter_gateway::store::DaysOutcome, StoreError> {
         self.inner.set_days(sets, oldest_day).await
     }
+    async fn counter_page(
+        &self,
+        after: Option<CounterKey>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<counter_gateway::store::CounterHistory>, StoreError> {
+        self.inner.counter_page(after, limit, from_day).await
+    }
+    async fn average_page(
+        &self,
+        after: Option<CounterKey>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<counter_gateway::store::AverageHistory>, StoreError> {
+        self.inner.average_page(after, limit, from_day).await
+    }
+    async fn import(
+        &self,
+        batch: counter_gateway::store::ImportBatch,
+    ) -> Result<counter_gateway::store::ImportOutcome, StoreError> {
+        self.inner.import(batch).await
+    }
 }
 
 struct Recorded {

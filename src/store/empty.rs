@@ -9,8 +9,9 @@
 use async_trait::async_trait;
 
 use super::{
-    Average, BatchOutcome, Bucket, DaysOutcome, StaleQuery, Store, StoreError, TopAverages,
-    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
+    Average, AverageHistory, BatchOutcome, Bucket, CounterHistory, DaysOutcome, ImportBatch,
+    ImportOutcome, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery, TopList, TopQuery,
+    UnusedPair, WriteBatch,
 };
 use crate::domain::{Counter, CounterKey, DaySet, Window};
 
@@ -99,6 +100,28 @@ impl Store for EmptyStore {
         _sets: Vec<DaySet>,
         _oldest_day: i64,
     ) -> Result<DaysOutcome, StoreError> {
+        Err(StoreError::Internal(NO_WRITES.into()))
+    }
+
+    async fn counter_page(
+        &self,
+        _after: Option<CounterKey>,
+        _limit: usize,
+        _from_day: i64,
+    ) -> Result<Vec<CounterHistory>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn average_page(
+        &self,
+        _after: Option<CounterKey>,
+        _limit: usize,
+        _from_day: i64,
+    ) -> Result<Vec<AverageHistory>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn import(&self, _batch: ImportBatch) -> Result<ImportOutcome, StoreError> {
         Err(StoreError::Internal(NO_WRITES.into()))
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod elasticsearch;
 pub mod empty;
+pub mod history;
 pub mod query;
 pub mod sqlite;
 
@@ -13,6 +14,10 @@ use std::collections::{HashMap, HashSet};
 use async_trait::async_trait;
 
 use crate::domain::{Counter, CounterKey, DaySet, Increment, Window};
+pub use history::{
+    AverageBucket, AverageHistory, AverageImport, CounterHistory, CounterImport, ImportBatch,
+    ImportEntry, ImportOutcome,
+};
 pub use query::{
     Average, AverageEntry, StaleQuery, TopAverages, TopAveragesQuery, TopEntry, TopList, TopQuery,
     UnusedPair, MAX_TOP_SIZE,
@@ -140,6 +145,31 @@ pub trait Store: Send + Sync + 'static {
     /// what a store remembers about older days may go.
     async fn set_days(&self, sets: Vec<DaySet>, oldest_day: i64)
         -> Result<DaysOutcome, StoreError>;
+
+    /// Export: up to `limit` counters after `after` (exclusive) in key order
+    /// (entity, action, uuid, each bytewise), each with its day buckets from
+    /// `from_day` on. Every store answers the same order, so two stores'
+    /// exports of the same data are the same file. Each page is read from
+    /// one snapshot where the store has them (embedded); on Elasticsearch
+    /// the first page refreshes the tenant's indices, and pages are searches.
+    async fn counter_page(
+        &self,
+        after: Option<CounterKey>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<CounterHistory>, StoreError>;
+    /// [`Store::counter_page`] for average counters.
+    async fn average_page(
+        &self,
+        after: Option<CounterKey>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<AverageHistory>, StoreError>;
+    /// Import: sets what the batch names (see [`CounterImport`]), durably
+    /// when it returns `Applied`; nothing of it on `Overflow`. Setting the
+    /// same batch again leaves the same state, so a batch whose outcome is
+    /// unknown (an error) is simply applied again.
+    async fn import(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError>;
 }
 
 /// What became of a [`Store::set_days`].

@@ -20,8 +20,9 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
-    Average, BatchOutcome, Bucket, DaysOutcome, RequestOutcome, StaleQuery, Store, StoreError,
-    TopAverages, TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
+    Average, AverageHistory, BatchOutcome, Bucket, CounterHistory, DaysOutcome, ImportBatch,
+    ImportOutcome, RequestOutcome, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
+    TopList, TopQuery, UnusedPair, WriteBatch,
 };
 use crate::domain::{Clock, Counter, CounterKey, DaySet, Increment, Window};
 use crate::domain::{Coalesced, KeyDelta};
@@ -41,6 +42,7 @@ mod background;
 mod multiget;
 mod queries;
 mod rollup;
+mod transfer;
 
 /// 2: indexes for top lists and reports, average counters (`queries::SCHEMA_V2`).
 /// 3: totals of the named rolling windows and their change log
@@ -1117,6 +1119,50 @@ impl Store for SqliteStore {
                 tracing::error!(error = %e, "sync after setting days failed");
                 return Err(StoreError::Halted(format!(
                     "{}; the days reached the store but may or may not survive a crash (setting them again is safe)",
+                    super::HALTED_AFTER_FSYNC
+                )));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn counter_page(
+        &self,
+        after: Option<CounterKey>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<CounterHistory>, StoreError> {
+        self.with_reader(move |c| transfer::counter_page(c, after.as_ref(), limit, from_day))
+            .await
+    }
+
+    async fn average_page(
+        &self,
+        after: Option<CounterKey>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<AverageHistory>, StoreError> {
+        self.with_reader(move |c| transfer::average_page(c, after.as_ref(), limit, from_day))
+            .await
+    }
+
+    /// One transaction on the writer (between two flushes, as a backfill),
+    /// then an fsync of its own: answered only once durable.
+    async fn import(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError> {
+        self.check_halted()?;
+        let last_write = self.last_write.clone();
+        let out = self
+            .with_writer(move |conn| {
+                let out = transfer::import(conn, &batch)?;
+                last_write.wrote();
+                Ok(out)
+            })
+            .await?;
+        if out == ImportOutcome::Applied {
+            if let Err(e) = self.sync().await {
+                tracing::error!(error = %e, "sync after an import batch failed");
+                return Err(StoreError::Halted(format!(
+                    "{}; the batch reached the store but may or may not survive a crash (importing it again is safe)",
                     super::HALTED_AFTER_FSYNC
                 )));
             }

@@ -524,6 +524,35 @@ macro_rules! store_wrapper {
             {
                 self.inner.set_days(sets, oldest_day).await
             }
+            async fn counter_page(
+                &self,
+                after: Option<counter_gateway::domain::CounterKey>,
+                limit: usize,
+                from_day: i64,
+            ) -> Result<
+                Vec<counter_gateway::store::CounterHistory>,
+                counter_gateway::store::StoreError,
+            > {
+                self.inner.counter_page(after, limit, from_day).await
+            }
+            async fn average_page(
+                &self,
+                after: Option<counter_gateway::domain::CounterKey>,
+                limit: usize,
+                from_day: i64,
+            ) -> Result<
+                Vec<counter_gateway::store::AverageHistory>,
+                counter_gateway::store::StoreError,
+            > {
+                self.inner.average_page(after, limit, from_day).await
+            }
+            async fn import(
+                &self,
+                batch: counter_gateway::store::ImportBatch,
+            ) -> Result<counter_gateway::store::ImportOutcome, counter_gateway::store::StoreError>
+            {
+                self.inner.import(batch).await
+            }
         }
     };
 }

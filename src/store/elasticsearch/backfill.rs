@@ -152,7 +152,7 @@ impl ElasticsearchStore {
     /// The index of the first set whose counter would leave the i64 range,
     /// from the counters and buckets as they are now (two `_mget`s a
     /// thousand documents at a time).
-    async fn would_overflow(&self, sets: &[DaySet]) -> Result<Option<usize>, StoreError> {
+    pub(super) async fn would_overflow(&self, sets: &[DaySet]) -> Result<Option<usize>, StoreError> {
         let names = &self.config.names;
         let mut counter_ids: Vec<String> = sets.iter().map(|s| s.key.doc_id()).collect();
         counter_ids.sort();
@@ -567,7 +567,7 @@ impl ElasticsearchStore {
     /// of the templates lack them, and strict mappings would refuse the
     /// write. Adding a field is allowed on a live index and idempotent;
     /// each index is put once per store.
-    async fn ensure_set_mappings(&self, days: &[i64]) -> Result<(), StoreError> {
+    pub(super) async fn ensure_set_mappings(&self, days: &[i64]) -> Result<(), StoreError> {
         let names = &self.config.names;
         let mut wanted = vec![(
             names.counters(),

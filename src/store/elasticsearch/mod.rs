@@ -11,7 +11,8 @@
 //! (classifying answers, pure), [`reads`] with [`query`] (read queries and
 //! their answers, pure; says what is exact), [`retry`] (back-off as a value),
 //! [`backfill`] (days set to a value: bucket first, then the counter, each
-//! set completed by the next one should a crash cut it short).
+//! set completed by the next one should a crash cut it short), [`transfer`]
+//! (export pages and import batches of whole documents).
 //!
 //! # What is and is not atomic here
 //!
@@ -65,6 +66,7 @@ pub mod response;
 pub mod retry;
 mod setup;
 pub mod templates;
+mod transfer;
 mod writes;
 
 use async_trait::async_trait;
@@ -76,8 +78,9 @@ use elasticsearch::Elasticsearch;
 use self::config::{Auth, EsConfig};
 use self::retry::Jitter;
 use super::{
-    Average, BatchOutcome, Bucket, DaysOutcome, StaleQuery, Store, StoreError, TopAverages,
-    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
+    Average, AverageHistory, BatchOutcome, Bucket, CounterHistory, DaysOutcome, ImportBatch,
+    ImportOutcome, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery, TopList, TopQuery,
+    UnusedPair, WriteBatch,
 };
 use crate::domain::{Clock, Counter, CounterKey, DaySet, Window};
 
@@ -243,5 +246,27 @@ impl Store for ElasticsearchStore {
         oldest_day: i64,
     ) -> Result<DaysOutcome, StoreError> {
         self.set_days_es(sets, oldest_day).await
+    }
+
+    async fn counter_page(
+        &self,
+        after: Option<CounterKey>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<CounterHistory>, StoreError> {
+        self.counter_page_es(after, limit, from_day).await
+    }
+
+    async fn average_page(
+        &self,
+        after: Option<CounterKey>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<AverageHistory>, StoreError> {
+        self.average_page_es(after, limit, from_day).await
+    }
+
+    async fn import(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError> {
+        self.import_es(batch).await
     }
 }

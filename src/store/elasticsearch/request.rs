@@ -80,6 +80,17 @@ impl IndexNames {
         format!("{}-*", self.collection("histogram_counters"))
     }
 
+    /// Every average bucket index of this tenant.
+    pub fn average_buckets_pattern(&self) -> String {
+        format!("{}-*", self.collection("average_histogram_counters"))
+    }
+
+    /// Every index of this tenant (`<prefix>_<tenant>_*`: `_` ends the
+    /// tenant, so another tenant's indices never match).
+    pub fn tenant_pattern(&self) -> String {
+        format!("{}_{}_*", self.prefix, self.tenant)
+    }
+
     /// The index of average counters (sum, quantity, average per document).
     pub fn averages(&self) -> String {
         self.collection("average_counters")

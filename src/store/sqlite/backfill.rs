@@ -26,6 +26,17 @@ pub(super) fn set_days(conn: &mut Connection, sets: &[DaySet]) -> Result<DaysOut
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(internal)?;
+    let out = set_days_in(&tx, sets)?;
+    if matches!(out, DaysOutcome::Applied { .. }) {
+        tx.commit().map_err(internal)?;
+    }
+    Ok(out)
+}
+
+/// [`set_days`] inside a transaction the caller holds (an import sets its
+/// day records in the transaction of its batch). On `Overflow` part of the
+/// sets may be written: the caller rolls back.
+pub(super) fn set_days_in(tx: &Connection, sets: &[DaySet]) -> Result<DaysOutcome, StoreError> {
     // The sets of each counter, in the order the counters first appear.
     let mut groups: Vec<(&CounterKey, Vec<usize>)> = Vec::new();
     let mut at: HashMap<&CounterKey, usize> = HashMap::new();
@@ -138,14 +149,13 @@ pub(super) fn set_days(conn: &mut Connection, sets: &[DaySet]) -> Result<DaysOut
             counters.insert(key.clone(), counter);
         }
     }
-    tx.commit().map_err(internal)?;
     Ok(DaysOutcome::Applied { previous, counters })
 }
 
 /// A difference of two i64 values as log deltas that each fit i64: one
 /// almost always, up to three when it leaves the range (`MAX - MIN` is
 /// `MAX + MAX + 1`); the roll-up sums them exactly.
-fn split(diff: i128) -> Vec<i64> {
+pub(super) fn split(diff: i128) -> Vec<i64> {
     let mut parts = Vec::with_capacity(1);
     let mut rest = diff;
     loop {

@@ -1,0 +1,111 @@
+//! What `export` reads out of a store and `import` sets in one: whole
+//! counters and averages with their day buckets. The file format around
+//! them is `crate::transfer`'s; here is only what a store must answer and
+//! apply (the `Store` methods `counter_page`, `average_page` and `import`).
+
+use crate::domain::{Counter, CounterKey, DaySet};
+
+use super::Bucket;
+
+/// A counter with its day buckets from a given day on, in day order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CounterHistory {
+    pub counter: Counter,
+    pub days: Vec<Bucket>,
+}
+
+/// One day bucket of an average counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AverageBucket {
+    /// UTC day, days since 1970-01-01.
+    pub day: i64,
+    pub sum: i64,
+    pub quantity: i64,
+}
+
+/// An average counter (all time) with its day buckets from a given day on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AverageHistory {
+    pub key: CounterKey,
+    pub sum: i64,
+    pub quantity: i64,
+    pub category: Option<String>,
+    pub first_ms: i64,
+    pub recorded_ms: i64,
+    pub days: Vec<AverageBucket>,
+}
+
+/// A counter as an import sets it.
+///
+/// The days named are set (replaced); the counter's other days are kept.
+/// Its value becomes `before` plus the sum of its day buckets from
+/// [`ImportBatch::oldest_day`] on, after the sets: the total follows the
+/// buckets, and `before` is what lies before them (days the retention
+/// deleted, or a total without history). Older buckets still in the store
+/// (the retention has not deleted them yet) count in `before`, not here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CounterImport {
+    pub key: CounterKey,
+    /// `i128`: the days may sum past i64 in either direction while the
+    /// total stays inside it.
+    pub before: i128,
+    /// Distinct days, none before `oldest_day`.
+    pub days: Vec<Bucket>,
+    /// Stored when given; absent keeps the counter's own.
+    pub category: Option<String>,
+    /// The earlier of this and the stored `first_timestamp` is kept.
+    pub first_ms: i64,
+    /// The later of this and the stored `recorded_timestamp` is kept.
+    pub recorded_ms: i64,
+}
+
+/// An average as an import sets it: as [`CounterImport`], for the sum and
+/// the quantity of samples each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AverageImport {
+    pub key: CounterKey,
+    pub before_sum: i128,
+    pub before_quantity: i128,
+    pub days: Vec<AverageBucket>,
+    pub category: Option<String>,
+    pub first_ms: i64,
+    pub recorded_ms: i64,
+}
+
+/// One batch of an import, applied as a whole where the store can (one
+/// transaction on the embedded store). No counter or average appears twice,
+/// and no (counter, day) is both in a counter's days and among `days`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImportBatch {
+    pub counters: Vec<CounterImport>,
+    pub averages: Vec<AverageImport>,
+    /// Single days set as a backfill sets them (`Store::set_days`): the
+    /// counter moves by the difference.
+    pub days: Vec<DaySet>,
+    /// The oldest day the retention keeps (days since the epoch).
+    pub oldest_day: i64,
+}
+
+impl ImportBatch {
+    pub fn is_empty(&self) -> bool {
+        self.counters.is_empty() && self.averages.is_empty() && self.days.is_empty()
+    }
+}
+
+/// Which entry of an [`ImportBatch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportEntry {
+    Counter(usize),
+    Average(usize),
+    Day(usize),
+}
+
+/// What became of an [`ImportBatch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ImportOutcome {
+    /// Everything set, durably.
+    Applied,
+    /// Nothing set: this entry would take its counter (or an average's sum
+    /// or quantity) outside the signed 64-bit range.
+    Overflow(ImportEntry),
+}
