@@ -45,14 +45,82 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Install the Elasticsearch index templates, ILM policy and stored scripts, then exit.
     Setup(crate::store::elasticsearch::SetupArgs),
+    /// Write a tenant's counters, averages and day buckets as NDJSON (see the README).
+    Export(Box<ExportArgs>),
+    /// Set counters, averages and days from NDJSON written by `export` (or by hand).
+    Import(Box<ImportArgs>),
+    /// Copy every tenant of the embedded store into Elasticsearch, then verify the copy.
+    Migrate(Box<MigrateArgs>),
 }
 
+/// `export`: from the embedded store (`--data-dir`), or from Elasticsearch
+/// when `--elasticsearch-url` is given.
 #[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
-    /// Address to listen on (use port 0 for any free port).
-    #[arg(long, env = "COUNTER_GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
 
+    /// The tenant to export.
+    #[arg(long, env = "COUNTER_GATEWAY_TENANT", default_value = crate::tenant::DEFAULT_TENANT)]
+    pub tenant: String,
+
+    /// File to write (replaced only once the export is complete); `-` or
+    /// absent: standard output.
+    #[arg(long, short, env = "COUNTER_GATEWAY_EXPORT_OUTPUT")]
+    pub output: Option<PathBuf>,
+}
+
+/// `import`: into the embedded store (`--data-dir`, with no gateway
+/// running on it), or into Elasticsearch when `--elasticsearch-url` is given.
+#[derive(Debug, Clone, Args)]
+pub struct ImportArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+
+    /// The tenant to import into.
+    #[arg(long, env = "COUNTER_GATEWAY_TENANT", default_value = crate::tenant::DEFAULT_TENANT)]
+    pub tenant: String,
+
+    /// File to read; `-` or absent: standard input.
+    #[arg(long, short, env = "COUNTER_GATEWAY_IMPORT_INPUT")]
+    pub input: Option<PathBuf>,
+
+    /// File recording the last line applied, after every batch. When it
+    /// exists at the start, the import resumes after that line; it is
+    /// removed once the import is complete.
+    #[arg(long, env = "COUNTER_GATEWAY_IMPORT_CHECKPOINT")]
+    pub checkpoint: Option<PathBuf>,
+
+    /// Write bad lines to this file (after a header line, so it can be
+    /// corrected and imported) and go on, instead of stopping at the first.
+    #[arg(long, env = "COUNTER_GATEWAY_IMPORT_SKIP_BAD")]
+    pub skip_bad: Option<PathBuf>,
+
+    /// Start at this line (lines before it, but the header, are skipped):
+    /// to resume without a checkpoint.
+    #[arg(long, env = "COUNTER_GATEWAY_IMPORT_FROM_LINE", default_value_t = 1)]
+    pub from_line: u64,
+
+    /// Records set per batch: one transaction and fsync on the embedded
+    /// store, one round of `_bulk` on Elasticsearch.
+    #[arg(long, env = "COUNTER_GATEWAY_IMPORT_BATCH_SIZE", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub batch_size: u64,
+}
+
+/// `migrate`: needs both `--data-dir` (the embedded store, stopped) and
+/// `--elasticsearch-url`.
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// Where the counters are kept and the time rules their data follows:
+/// shared by `serve` and the commands that move data (`export`, `import`,
+/// `migrate`), so each reads the store as the gateway does.
+#[derive(Debug, Clone, Args)]
+pub struct StoreArgs {
     /// Directory of the embedded store; created if missing.
     #[arg(long, env = "COUNTER_GATEWAY_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
@@ -66,6 +134,62 @@ pub struct ServeArgs {
         default_value = "full"
     )]
     pub durability: Durability,
+
+    /// How many days of histogram buckets are kept; events older than that are refused.
+    #[arg(long, env = "COUNTER_GATEWAY_RETENTION_DAYS", default_value_t = 400)]
+    pub retention_days: u32,
+
+    /// How far ahead of the server clock an event timestamp may be.
+    #[arg(long, env = "COUNTER_GATEWAY_MAX_CLOCK_SKEW", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub max_clock_skew: Duration,
+
+    /// How long an event `id` is remembered, so a retry is counted once.
+    #[arg(long, env = "COUNTER_GATEWAY_IDEMPOTENCY_WINDOW", default_value = "7days", value_parser = humantime::parse_duration)]
+    pub idempotency_window: Duration,
+
+    /// Memory of every embedded store together (SQLite's page caches and
+    /// connections, all tenants), e.g. `256MiB`, `1GiB`; past it SQLite
+    /// evicts the least recently used cached pages of any tenant. The
+    /// default leaves a 1 GiB machine room for the queue and the OS's own
+    /// file cache, and gives a single tenant the 64 MiB cache it always had.
+    #[arg(long, env = "COUNTER_GATEWAY_SQLITE_MEMORY_BUDGET", default_value = "256MiB", value_parser = parse_bytes)]
+    pub sqlite_memory_budget: u64,
+
+    #[command(flatten)]
+    pub elasticsearch: crate::store::elasticsearch::ElasticsearchArgs,
+}
+
+impl StoreArgs {
+    /// Checks these flags; the error names the flag to change.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.retention_days == 0 {
+            return Err("--retention-days must be at least 1".into());
+        }
+        chrono::Duration::from_std(self.max_clock_skew)
+            .map_err(|_| "--max-clock-skew is too large".to_string())?;
+        if self.sqlite_memory_budget < 1 << 20 {
+            return Err("--sqlite-memory-budget must be at least 1MiB".into());
+        }
+        Ok(())
+    }
+
+    pub fn time_policy(&self) -> TimePolicy {
+        TimePolicy {
+            retention_days: self.retention_days,
+            max_skew: chrono::Duration::from_std(self.max_clock_skew)
+                .unwrap_or_else(|_| chrono::Duration::minutes(5)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (use port 0 for any free port).
+    #[arg(long, env = "COUNTER_GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// How long a flush waits for more requests once one has arrived (e.g. `0ms`, `5ms`).
     /// Requests always gather while the previous flush runs.
@@ -125,18 +249,6 @@ pub struct ServeArgs {
     )]
     pub max_events_per_request: usize,
 
-    /// How many days of histogram buckets are kept; events older than that are refused.
-    #[arg(long, env = "COUNTER_GATEWAY_RETENTION_DAYS", default_value_t = 400)]
-    pub retention_days: u32,
-
-    /// How far ahead of the server clock an event timestamp may be.
-    #[arg(long, env = "COUNTER_GATEWAY_MAX_CLOCK_SKEW", default_value = "5m", value_parser = humantime::parse_duration)]
-    pub max_clock_skew: Duration,
-
-    /// How long an event `id` is remembered, so a retry is counted once.
-    #[arg(long, env = "COUNTER_GATEWAY_IDEMPOTENCY_WINDOW", default_value = "7days", value_parser = humantime::parse_duration)]
-    pub idempotency_window: Duration,
-
     /// How long shutdown may take to flush what is queued.
     #[arg(long, env = "COUNTER_GATEWAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
@@ -183,23 +295,12 @@ pub struct ServeArgs {
     #[arg(long, env = "COUNTER_GATEWAY_TENANT_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub tenant_idle_timeout: Duration,
 
-    /// Memory of every embedded store together (SQLite's page caches and
-    /// connections, all tenants), e.g. `256MiB`, `1GiB`; past it SQLite
-    /// evicts the least recently used cached pages of any tenant. The
-    /// default leaves a 1 GiB machine room for the queue and the OS's own
-    /// file cache, and gives a single tenant the 64 MiB cache it always had.
-    #[arg(long, env = "COUNTER_GATEWAY_SQLITE_MEMORY_BUDGET", default_value = "256MiB", value_parser = parse_bytes)]
-    pub sqlite_memory_budget: u64,
-
     /// Lets browsers and CDNs keep `GET /v1/counters` answers this long
     /// (`Cache-Control: public, max-age=<seconds>`), whole seconds, e.g.
     /// `30s`. Absent: `Cache-Control: no-cache` (kept, but revalidated by
     /// ETag on every use, so a page never shows a stale value).
     #[arg(long, env = "COUNTER_GATEWAY_COUNTERS_CACHE_MAX_AGE", value_parser = humantime::parse_duration)]
     pub counters_cache_max_age: Option<Duration>,
-
-    #[command(flatten)]
-    pub elasticsearch: crate::store::elasticsearch::ElasticsearchArgs,
 }
 
 impl ServeArgs {
@@ -233,16 +334,9 @@ impl ServeArgs {
                 self.queue_bytes, self.max_body_bytes, self.max_events_per_request
             ));
         }
-        if self.retention_days == 0 {
-            return Err("--retention-days must be at least 1".into());
-        }
+        self.store.validate()?;
         if self.ack_timeout.is_zero() {
             return Err("--ack-timeout must be more than zero".into());
-        }
-        chrono::Duration::from_std(self.max_clock_skew)
-            .map_err(|_| "--max-clock-skew is too large".to_string())?;
-        if self.sqlite_memory_budget < 1 << 20 {
-            return Err("--sqlite-memory-budget must be at least 1MiB".into());
         }
         if self.max_tenants == 0 {
             return Err("--max-tenants must be at least 1".into());
@@ -296,11 +390,7 @@ impl ServeArgs {
     }
 
     pub fn time_policy(&self) -> TimePolicy {
-        TimePolicy {
-            retention_days: self.retention_days,
-            max_skew: chrono::Duration::from_std(self.max_clock_skew)
-                .unwrap_or_else(|_| chrono::Duration::minutes(5)),
-        }
+        self.store.time_policy()
     }
 
     pub fn limits(&self) -> Limits {
@@ -350,7 +440,7 @@ mod tests {
         all.extend_from_slice(args);
         match Cli::try_parse_from(all).unwrap().command {
             Command::Serve(a) => *a,
-            Command::Setup(_) => unreachable!("parsed as serve"),
+            _ => unreachable!("parsed as serve"),
         }
     }
 
@@ -358,7 +448,7 @@ mod tests {
     fn defaults_are_valid() {
         let a = parse(&[]);
         assert_eq!(a.listen.to_string(), "127.0.0.1:8080");
-        assert_eq!(a.durability, Durability::Full);
+        assert_eq!(a.store.durability, Durability::Full);
         assert!(a.validate().is_ok());
     }
 
@@ -409,9 +499,9 @@ mod tests {
 
     #[test]
     fn the_sqlite_memory_budget_is_a_size_with_a_unit() {
-        assert_eq!(parse(&[]).sqlite_memory_budget, 256 << 20);
+        assert_eq!(parse(&[]).store.sqlite_memory_budget, 256 << 20);
         let a = parse(&["--sqlite-memory-budget", "1GiB"]);
-        assert_eq!(a.sqlite_memory_budget, 1 << 30);
+        assert_eq!(a.store.sqlite_memory_budget, 1 << 30);
         assert_eq!(parse_bytes("64 MB"), Ok(64_000_000));
         assert_eq!(parse_bytes("4096"), Ok(4096));
         assert!(parse_bytes("12 parsecs").unwrap_err().contains("unit"));

@@ -11,7 +11,8 @@
 //!
 //! [`error`] is the one error type of the API, [`config`] the command line,
 //! [`server`] the start-up and orderly shutdown, [`kibana`] the Kibana
-//! objects `setup` imports.
+//! objects `setup` imports, [`transfer`] the `export`, `import` and
+//! `migrate` commands.
 
 pub mod api;
 pub mod auth;
@@ -25,5 +26,6 @@ pub mod ratelimit;
 pub mod server;
 pub mod store;
 pub mod tenant;
+pub mod transfer;
 
 pub use api::{gateway_router, router, AppState, Gateway, Limits};

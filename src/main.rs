@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use counter_gateway::config::{Cli, Command, LogFormat};
+use counter_gateway::domain::Clock;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -19,6 +20,15 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => counter_gateway::server::serve(*args).await,
         Command::Setup(args) => counter_gateway::server::setup(args).await,
+        Command::Export(args) => {
+            counter_gateway::transfer::run_export(*args, Clock::system()).await
+        }
+        Command::Import(args) => {
+            counter_gateway::transfer::run_import(*args, Clock::system()).await
+        }
+        Command::Migrate(args) => {
+            counter_gateway::transfer::run_migrate(*args, Clock::system()).await
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -16,22 +16,24 @@ use crate::tenant::{self, Shared, TenantStores, Tenants, DEFAULT_TENANT};
 
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     args.validate()?;
-    crate::store::sqlite::set_memory_budget(args.sqlite_memory_budget);
+    crate::store::sqlite::set_memory_budget(args.store.sqlite_memory_budget);
     // The one clock of the process: every store and handler reads it.
     let clock = Clock::system();
     let keys = args.keys()?;
     args.check_exposure(&keys)?;
     let (store, open): (Arc<dyn Store>, Arc<dyn TenantStores>) = match args
+        .store
         .elasticsearch
-        .to_config(args.idempotency_window)?
+        .to_config(args.store.idempotency_window)?
     {
         Some(es) => {
             es.check_script_loops(args.max_events_per_request)?;
             let (url, prefix) = (es.url.clone(), es.names.prefix().to_string());
             // Templates and scripts are installed once, for every tenant.
-            let store = ElasticsearchStore::open(es, clock.clone(), !args.elasticsearch.skip_setup)
-                .await
-                .map_err(|e| e.to_string())?;
+            let store =
+                ElasticsearchStore::open(es, clock.clone(), !args.store.elasticsearch.skip_setup)
+                    .await
+                    .map_err(|e| e.to_string())?;
             tracing::info!(%url, index_prefix = %prefix, "elasticsearch store open");
             // Without ILM (OpenSearch) the gateway deletes expired bucket
             // months itself, in the background, never on the write path.
@@ -40,7 +42,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                     .for_tenant(DEFAULT_TENANT)
                     .map_err(|e| e.to_string())?,
             );
-            tokio::spawn(retention.run_retention(args.retention_days));
+            tokio::spawn(retention.run_retention(args.store.retention_days));
             let base = store
                 .for_tenant(DEFAULT_TENANT)
                 .map_err(|e| e.to_string())?;
@@ -48,21 +50,21 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         }
         None => {
             let store = SqliteStore::open(
-                &args.data_dir,
-                args.durability,
-                args.idempotency_window,
-                args.retention_days,
+                &args.store.data_dir,
+                args.store.durability,
+                args.store.idempotency_window,
+                args.store.retention_days,
                 clock.clone(),
             )
             .map_err(|e| e.to_string())?;
-            tracing::info!(data_dir = %args.data_dir.display(), durability = ?args.durability, "embedded store open");
+            tracing::info!(data_dir = %args.store.data_dir.display(), durability = ?args.store.durability, "embedded store open");
             (
                 Arc::new(store),
                 tenant::embedded(
-                    &args.data_dir,
-                    args.durability,
-                    args.idempotency_window,
-                    args.retention_days,
+                    &args.store.data_dir,
+                    args.store.durability,
+                    args.store.idempotency_window,
+                    args.store.retention_days,
                     clock.clone(),
                 ),
             )

@@ -152,7 +152,10 @@ impl ElasticsearchStore {
     /// The index of the first set whose counter would leave the i64 range,
     /// from the counters and buckets as they are now (two `_mget`s a
     /// thousand documents at a time).
-    pub(super) async fn would_overflow(&self, sets: &[DaySet]) -> Result<Option<usize>, StoreError> {
+    pub(super) async fn would_overflow(
+        &self,
+        sets: &[DaySet],
+    ) -> Result<Option<usize>, StoreError> {
         let names = &self.config.names;
         let mut counter_ids: Vec<String> = sets.iter().map(|s| s.key.doc_id()).collect();
         counter_ids.sort();

@@ -78,7 +78,12 @@ impl ElasticsearchStore {
     async fn refresh_tenant(&self, pattern: &str) -> Result<(), StoreError> {
         let lenient = [("ignore_unavailable", "true"), ("allow_no_indices", "true")];
         let (status, answer) = self
-            .call(Method::Post, &format!("/{pattern}/_refresh"), &lenient, None)
+            .call(
+                Method::Post,
+                &format!("/{pattern}/_refresh"),
+                &lenient,
+                None,
+            )
             .await?;
         if status != 200 {
             return Err(status_error(
@@ -110,7 +115,9 @@ impl ElasticsearchStore {
         if let Some(k) = after {
             body["search_after"] = json!([&*k.entity, &*k.action, &*k.uuid]);
         }
-        let answer = self.search(&format!("/{index}/_search"), &[], &body).await?;
+        let answer = self
+            .search(&format!("/{index}/_search"), &[], &body)
+            .await?;
         Ok(hits(&answer)?.to_vec())
     }
 
@@ -243,9 +250,11 @@ impl ElasticsearchStore {
         let mut averages: Vec<AverageHistory> = hits
             .iter()
             .map(|h| {
-                h.get("_source").and_then(average_from_source).ok_or_else(|| {
-                    StoreError::Internal("an average document lacks required fields".into())
-                })
+                h.get("_source")
+                    .and_then(average_from_source)
+                    .ok_or_else(|| {
+                        StoreError::Internal("an average document lacks required fields".into())
+                    })
             })
             .collect::<Result<_, _>>()?;
         let ids: Vec<String> = averages.iter().map(|a| a.key.doc_id()).collect();
@@ -273,7 +282,10 @@ impl ElasticsearchStore {
 
     /// Realtime `_mget` of `(index, id, routing)` documents, whole, with
     /// their versions, in the order asked.
-    async fn mget_docs(&self, docs: &[(String, String, Option<String>)]) -> Result<Vec<Doc>, StoreError> {
+    async fn mget_docs(
+        &self,
+        docs: &[(String, String, Option<String>)],
+    ) -> Result<Vec<Doc>, StoreError> {
         let mut out = Vec::with_capacity(docs.len());
         for chunk in docs.chunks(MGET_DOCS) {
             let body: Vec<Value> = chunk
@@ -347,7 +359,11 @@ impl ElasticsearchStore {
             let cid = c.key.doc_id();
             asked.push((names.counters(), cid.clone(), None));
             for b in &c.days {
-                asked.push((names.buckets(b.day), bucket_doc_id(&cid, b.day), Some(cid.clone())));
+                asked.push((
+                    names.buckets(b.day),
+                    bucket_doc_id(&cid, b.day),
+                    Some(cid.clone()),
+                ));
             }
         }
         let mut docs = self.mget_docs(&asked).await?.into_iter();
@@ -517,8 +533,8 @@ impl ElasticsearchStore {
             let cid = a.key.doc_id();
             let named: std::collections::HashSet<i64> = a.days.iter().map(|b| b.day).collect();
             let mut sum = a.before_sum + a.days.iter().map(|b| i128::from(b.sum)).sum::<i128>();
-            let mut quantity = a.before_quantity
-                + a.days.iter().map(|b| i128::from(b.quantity)).sum::<i128>();
+            let mut quantity =
+                a.before_quantity + a.days.iter().map(|b| i128::from(b.quantity)).sum::<i128>();
             for (day, source) in others.remove(&cid).unwrap_or_default() {
                 if !named.contains(&day) {
                     sum += i128::from(int(source.get("sum")).unwrap_or(0));
@@ -585,7 +601,10 @@ impl ElasticsearchStore {
     /// written (a conflict, a retryable failure, a lost answer), to be
     /// read and written again. A refusal that writing again cannot cure
     /// (a mapping error) is an error.
-    async fn write_items(&self, entries: Vec<(usize, Vec<Item>)>) -> Result<Vec<usize>, StoreError> {
+    async fn write_items(
+        &self,
+        entries: Vec<(usize, Vec<Item>)>,
+    ) -> Result<Vec<usize>, StoreError> {
         let mut flat: Vec<(usize, Item)> = Vec::new();
         for (e, items) in entries {
             flat.extend(items.into_iter().map(|it| (e, it)));
@@ -653,8 +672,17 @@ impl ElasticsearchStore {
     }
 
     pub(super) async fn import_es(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError> {
-        let mut days: Vec<i64> = batch.counters.iter().flat_map(|c| c.days.iter().map(|b| b.day)).collect();
-        days.extend(batch.averages.iter().flat_map(|a| a.days.iter().map(|b| b.day)));
+        let mut days: Vec<i64> = batch
+            .counters
+            .iter()
+            .flat_map(|c| c.days.iter().map(|b| b.day))
+            .collect();
+        days.extend(
+            batch
+                .averages
+                .iter()
+                .flat_map(|a| a.days.iter().map(|b| b.day)),
+        );
         days.extend(batch.days.iter().map(|s| s.day));
         self.ensure_bucket_days(&days).await;
         if !batch.counters.is_empty() || !batch.days.is_empty() {
@@ -669,14 +697,24 @@ impl ElasticsearchStore {
         let mut waited = Duration::ZERO;
         let mut attempt = 0;
         while !counters.is_empty() || !averages.is_empty() {
-            let c = match self.counter_items(&batch.counters, &counters, batch.oldest_day).await? {
+            let c = match self
+                .counter_items(&batch.counters, &counters, batch.oldest_day)
+                .await?
+            {
                 Ok(items) => items,
-                Err(i) if attempt == 0 => return Ok(ImportOutcome::Overflow(ImportEntry::Counter(i))),
+                Err(i) if attempt == 0 => {
+                    return Ok(ImportOutcome::Overflow(ImportEntry::Counter(i)))
+                }
                 Err(i) => return Err(raced(&batch.counters[i].key)),
             };
-            let a = match self.average_items(&batch.averages, &averages, batch.oldest_day).await? {
+            let a = match self
+                .average_items(&batch.averages, &averages, batch.oldest_day)
+                .await?
+            {
                 Ok(items) => items,
-                Err(i) if attempt == 0 => return Ok(ImportOutcome::Overflow(ImportEntry::Average(i))),
+                Err(i) if attempt == 0 => {
+                    return Ok(ImportOutcome::Overflow(ImportEntry::Average(i)))
+                }
                 Err(i) => return Err(raced(&batch.averages[i].key)),
             };
             counters = self.write_items(c).await?;

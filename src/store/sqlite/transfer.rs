@@ -38,7 +38,8 @@ pub(super) fn counter_page(
 ) -> Result<Vec<CounterHistory>, StoreError> {
     let tx = conn.unchecked_transaction().map_err(internal)?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let cols = "SELECT cid, entity, action, uuid, value, category, first_ts, recorded_ts FROM counters";
+    let cols =
+        "SELECT cid, entity, action, uuid, value, category, first_ts, recorded_ts FROM counters";
     let read = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(i64, Counter)> {
         Ok((
             r.get("cid")?,
@@ -68,9 +69,7 @@ pub(super) fn counter_page(
     }
     .map_err(internal)?;
     let mut days = tx
-        .prepare_cached(
-            "SELECT day, value FROM buckets WHERE cid = ?1 AND day >= ?2 ORDER BY day",
-        )
+        .prepare_cached("SELECT day, value FROM buckets WHERE cid = ?1 AND day >= ?2 ORDER BY day")
         .map_err(internal)?;
     let mut out = Vec::with_capacity(rows.len());
     for (cid, counter) in rows {
@@ -156,7 +155,10 @@ pub(super) fn average_page(
 /// Sets a whole batch in one transaction, or nothing of it when an entry
 /// would leave the signed 64-bit range (the transaction is then dropped).
 /// Commits without syncing: the caller fsyncs before answering.
-pub(super) fn import(conn: &mut Connection, batch: &ImportBatch) -> Result<ImportOutcome, StoreError> {
+pub(super) fn import(
+    conn: &mut Connection,
+    batch: &ImportBatch,
+) -> Result<ImportOutcome, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(internal)?;
@@ -229,7 +231,8 @@ fn import_counter(tx: &Connection, c: &CounterImport, oldest_day: i64) -> Result
             if was == Some(b.value) {
                 continue;
             }
-            put.execute(params![b.day, cid, b.value]).map_err(internal)?;
+            put.execute(params![b.day, cid, b.value])
+                .map_err(internal)?;
             // A new bucket logs even a 0: being in a window's totals
             // follows having a bucket there (as a backfill does).
             for part in split(i128::from(b.value) - i128::from(was.unwrap_or(0))) {
@@ -308,7 +311,9 @@ fn import_average(tx: &Connection, a: &AverageImport, oldest_day: i64) -> Result
     let (mut sum, mut quantity) = (a.before_sum, a.before_quantity);
     {
         let mut s = tx
-            .prepare_cached("SELECT sum, quantity FROM average_buckets WHERE aid = ?1 AND day >= ?2")
+            .prepare_cached(
+                "SELECT sum, quantity FROM average_buckets WHERE aid = ?1 AND day >= ?2",
+            )
             .map_err(internal)?;
         let mut rows = s.query(params![aid, oldest_day]).map_err(internal)?;
         while let Some(r) = rows.next().map_err(internal)? {

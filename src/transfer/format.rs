@@ -1,0 +1,738 @@
+//! The NDJSON format of `export` and `import`, version 1: one JSON object a
+//! line, its kind in `kind`; the first line is the header. What each record
+//! means when imported is in the README ("Export and import"); this file
+//! writes records and turns a line into what a store sets, or into the
+//! reason it is refused.
+//!
+//! ```text
+//! {"kind":"header","format":"counter-gateway","version":1}
+//! {"kind":"counter","entity":"ARTICLE","action":"VIEW","uuid":"a1","value":1023,"before":23,"category":"news","first_timestamp":"...","recorded_timestamp":"...","days":{"2026-11-02":120,...}}
+//! {"kind":"average","entity":"ARTICLE","action":"rating","uuid":"a1","sum":40,"quantity":10,"before_sum":0,"before_quantity":0,...,"days":{"2026-11-02":{"sum":9,"quantity":2}}}
+//! {"kind":"day","entity":"ARTICLE","action":"VIEW","uuid":"a2","day":"2026-11-03","value":8,"category":"news"}
+//! ```
+
+use std::collections::HashSet;
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+
+use crate::domain::{
+    day_of, format_day, format_ms, parse_day, validate_name, CounterKey, DaySet, DaySetSpec,
+    Interner, TimePolicy,
+};
+use crate::store::{
+    AverageBucket, AverageHistory, AverageImport, Bucket, CounterHistory, CounterImport,
+};
+
+/// The `format` of the header line.
+pub const FORMAT: &str = "counter-gateway";
+/// The version this build writes and reads.
+pub const VERSION: u32 = 1;
+
+/// The header line, with its newline.
+pub fn header_line() -> String {
+    format!("{{\"kind\":\"header\",\"format\":\"{FORMAT}\",\"version\":{VERSION}}}\n")
+}
+
+/// Day buckets written as an object `{"YYYY-MM-DD": v, ...}` in day order.
+struct DaysOut<'a, T>(&'a [(i64, T)]);
+
+impl<T: Serialize> Serialize for DaysOut<'_, T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (day, v) in self.0 {
+            m.serialize_entry(&format_day(*day), v)?;
+        }
+        m.end()
+    }
+}
+
+#[derive(Serialize)]
+struct SumQuantity {
+    sum: i64,
+    quantity: i64,
+}
+
+#[derive(Serialize)]
+struct CounterOut<'a> {
+    kind: &'static str,
+    entity: &'a str,
+    action: &'a str,
+    uuid: &'a str,
+    value: i64,
+    before: i128,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    category: Option<&'a str>,
+    first_timestamp: String,
+    recorded_timestamp: String,
+    days: DaysOut<'a, i64>,
+}
+
+#[derive(Serialize)]
+struct AverageOut<'a> {
+    kind: &'static str,
+    entity: &'a str,
+    action: &'a str,
+    uuid: &'a str,
+    sum: i64,
+    quantity: i64,
+    before_sum: i128,
+    before_quantity: i128,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    category: Option<&'a str>,
+    first_timestamp: String,
+    recorded_timestamp: String,
+    days: DaysOut<'a, SumQuantity>,
+}
+
+/// The line of a counter (with its newline). `before` is the part of its
+/// value that no listed day holds (days past the retention).
+pub fn counter_line(c: &CounterHistory) -> String {
+    let days: Vec<(i64, i64)> = c.days.iter().map(|b| (b.day, b.value)).collect();
+    let listed: i128 = days.iter().map(|(_, v)| i128::from(*v)).sum();
+    let k = &c.counter.key;
+    let out = CounterOut {
+        kind: "counter",
+        entity: &k.entity,
+        action: &k.action,
+        uuid: &k.uuid,
+        value: c.counter.value,
+        before: i128::from(c.counter.value) - listed,
+        category: c.counter.category.as_deref(),
+        first_timestamp: format_ms(c.counter.first_ms),
+        recorded_timestamp: format_ms(c.counter.recorded_ms),
+        days: DaysOut(&days),
+    };
+    line(&out)
+}
+
+/// The line of an average counter (with its newline).
+pub fn average_line(a: &AverageHistory) -> String {
+    let days: Vec<(i64, SumQuantity)> = a
+        .days
+        .iter()
+        .map(|b| {
+            (
+                b.day,
+                SumQuantity {
+                    sum: b.sum,
+                    quantity: b.quantity,
+                },
+            )
+        })
+        .collect();
+    let sum: i128 = a.days.iter().map(|b| i128::from(b.sum)).sum();
+    let quantity: i128 = a.days.iter().map(|b| i128::from(b.quantity)).sum();
+    let out = AverageOut {
+        kind: "average",
+        entity: &a.key.entity,
+        action: &a.key.action,
+        uuid: &a.key.uuid,
+        sum: a.sum,
+        quantity: a.quantity,
+        before_sum: i128::from(a.sum) - sum,
+        before_quantity: i128::from(a.quantity) - quantity,
+        category: a.category.as_deref(),
+        first_timestamp: format_ms(a.first_ms),
+        recorded_timestamp: format_ms(a.recorded_ms),
+        days: DaysOut(&days),
+    };
+    line(&out)
+}
+
+fn line<T: Serialize>(record: &T) -> String {
+    // Strings and integers only: serializing cannot fail.
+    let mut s = serde_json::to_string(record).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// Days as read: `(day text, value)` in file order; a day named twice is refused.
+#[derive(Debug, Default)]
+struct DaysIn(Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for DaysIn {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = DaysIn;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of days, {\"YYYY-MM-DD\": value, ...}")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<DaysIn, A::Error> {
+                let mut seen = HashSet::new();
+                let mut out = Vec::new();
+                while let Some((day, v)) = map.next_entry::<String, Value>()? {
+                    if !seen.insert(day.clone()) {
+                        return Err(serde::de::Error::custom(format!(
+                            "day {day} is named twice"
+                        )));
+                    }
+                    out.push((day, v));
+                }
+                Ok(DaysIn(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Every field any record has; which belong to which kind is checked after.
+/// One flat struct (rather than an enum tagged by `kind`) so that integers
+/// past i64 (`before` may be one) parse exactly.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fields {
+    kind: String,
+    format: Option<String>,
+    version: Option<Value>,
+    entity: Option<String>,
+    action: Option<String>,
+    uuid: Option<String>,
+    value: Option<i64>,
+    before: Option<i128>,
+    sum: Option<i64>,
+    quantity: Option<i64>,
+    before_sum: Option<i128>,
+    before_quantity: Option<i128>,
+    category: Option<String>,
+    first_timestamp: Option<String>,
+    recorded_timestamp: Option<String>,
+    day: Option<String>,
+    days: Option<DaysIn>,
+}
+
+impl Fields {
+    /// Names the first field given that a record of this kind does not have.
+    fn only(&self, allowed: &[&str]) -> Result<(), String> {
+        let given = [
+            ("format", self.format.is_some()),
+            ("version", self.version.is_some()),
+            ("entity", self.entity.is_some()),
+            ("action", self.action.is_some()),
+            ("uuid", self.uuid.is_some()),
+            ("value", self.value.is_some()),
+            ("before", self.before.is_some()),
+            ("sum", self.sum.is_some()),
+            ("quantity", self.quantity.is_some()),
+            ("before_sum", self.before_sum.is_some()),
+            ("before_quantity", self.before_quantity.is_some()),
+            ("category", self.category.is_some()),
+            ("first_timestamp", self.first_timestamp.is_some()),
+            ("recorded_timestamp", self.recorded_timestamp.is_some()),
+            ("day", self.day.is_some()),
+            ("days", self.days.is_some()),
+        ];
+        match given
+            .iter()
+            .find(|(name, present)| *present && !allowed.contains(name))
+        {
+            Some((name, _)) => Err(format!(
+                "field `{name}` is not part of a {} record",
+                self.kind
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A line turned into what a store sets.
+#[derive(Debug, PartialEq)]
+pub enum Record {
+    Header,
+    Counter(CounterImport),
+    Average(AverageImport),
+    Day(DaySet),
+}
+
+/// What a line is checked against: the clock and the time rules.
+#[derive(Clone, Copy, Debug)]
+pub struct Rules {
+    pub now: DateTime<Utc>,
+    pub policy: TimePolicy,
+}
+
+impl Rules {
+    /// The oldest day the retention keeps.
+    pub fn oldest_day(&self) -> i64 {
+        day_of(self.policy.oldest_accepted(self.now))
+    }
+
+    /// The newest day a bucket may have: the day of now plus the clock
+    /// skew events may have (so an export just before midnight, holding
+    /// tomorrow's first events, imports at once).
+    fn newest_day(&self) -> i64 {
+        day_of(self.now + self.policy.max_skew)
+    }
+
+    fn latest_ms(&self) -> i64 {
+        (self.now + self.policy.max_skew).timestamp_millis()
+    }
+}
+
+/// Parses one line (without its newline).
+pub fn parse(line: &str, rules: &Rules) -> Result<Record, String> {
+    if !line.trim_start().starts_with('{') {
+        return Err("not a JSON object (one record a line)".into());
+    }
+    let fields: Fields = serde_json::from_str(line).map_err(|e| {
+        let msg = e.to_string();
+        if msg.contains("i64") || msg.contains("i128") {
+            format!("{msg} (values are signed 64-bit integers)")
+        } else {
+            msg
+        }
+    })?;
+    match fields.kind.as_str() {
+        "header" => header(&fields),
+        "counter" => counter(fields, rules).map(Record::Counter),
+        "average" => average(fields, rules).map(Record::Average),
+        "day" => day(&fields, rules).map(Record::Day),
+        other => Err(format!(
+            "unknown record kind {:?}: expected header, counter, average or day",
+            other.chars().take(40).collect::<String>()
+        )),
+    }
+}
+
+fn header(f: &Fields) -> Result<Record, String> {
+    f.only(&["format", "version"])?;
+    if f.format.as_deref() != Some(FORMAT) {
+        return Err(format!(
+            "the header's format is {:?}, not {FORMAT:?}",
+            f.format.as_deref().unwrap_or("")
+        ));
+    }
+    match f.version.as_ref().and_then(Value::as_u64) {
+        Some(v) if v == u64::from(VERSION) => Ok(Record::Header),
+        _ => Err(format!(
+            "the header's version is {}; this build reads version {VERSION}",
+            f.version
+                .as_ref()
+                .map_or("missing".into(), Value::to_string)
+        )),
+    }
+}
+
+fn key(f: &Fields) -> Result<CounterKey, String> {
+    let part = |name: &str, v: &Option<String>| -> Result<String, String> {
+        v.clone().ok_or_else(|| format!("missing field `{name}`"))
+    };
+    CounterKey::new(
+        &part("entity", &f.entity)?,
+        &part("action", &f.action)?,
+        &part("uuid", &f.uuid)?,
+    )
+}
+
+fn category(f: &Fields) -> Result<Option<String>, String> {
+    if let Some(c) = &f.category {
+        validate_name("category", c)?;
+    }
+    Ok(f.category.clone())
+}
+
+/// The timestamps of a record: as given (not ahead of the clock, first not
+/// after recorded), else the start of its earliest and latest day (as a
+/// backfill touches), else now.
+fn timestamps(f: &Fields, days: &[i64], rules: &Rules) -> Result<(i64, i64), String> {
+    let parse = |name: &str, raw: &Option<String>| -> Result<Option<i64>, String> {
+        let Some(raw) = raw else { return Ok(None) };
+        let ms = DateTime::parse_from_rfc3339(raw)
+            .map_err(|e| format!("{name} is not an RFC 3339 timestamp ({e}): {raw:?}"))?
+            .timestamp_millis();
+        if ms > rules.latest_ms() {
+            return Err(format!("{name} {raw} is in the future"));
+        }
+        Ok(Some(ms))
+    };
+    let first = parse("first_timestamp", &f.first_timestamp)?;
+    let recorded = parse("recorded_timestamp", &f.recorded_timestamp)?;
+    let touch = |d: i64| d.saturating_mul(86_400_000);
+    let now = rules.now.timestamp_millis();
+    let first = first.unwrap_or_else(|| days.iter().min().map_or(now, |&d| touch(d)));
+    let recorded = recorded.unwrap_or_else(|| days.iter().max().map_or(now, |&d| touch(d)));
+    if first > recorded {
+        return Err("first_timestamp is after recorded_timestamp".into());
+    }
+    Ok((first, recorded))
+}
+
+/// Values by day.
+type Dated<T> = Vec<(i64, T)>;
+
+/// The days of a record, each parsed with `value`; days past the retention
+/// are answered apart (they count in `before`), days ahead of the clock
+/// are refused.
+fn days<T>(
+    f: &Fields,
+    rules: &Rules,
+    value: impl Fn(&Value) -> Option<T>,
+    expected: &str,
+) -> Result<(Dated<T>, Dated<T>), String> {
+    let (mut kept, mut old) = (Vec::new(), Vec::new());
+    for (raw, v) in f.days.as_ref().map_or(&[][..], |d| &d.0[..]) {
+        let day = parse_day(raw).map_err(|e| format!("days: {e}"))?;
+        if day > rules.newest_day() {
+            return Err(format!(
+                "days: day {raw} is in the future (today is {} UTC)",
+                format_day(day_of(rules.now))
+            ));
+        }
+        let v = value(v).ok_or_else(|| format!("days.{raw}: expected {expected}"))?;
+        if day < rules.oldest_day() {
+            old.push((day, v));
+        } else {
+            kept.push((day, v));
+        }
+    }
+    kept.sort_by_key(|(d, _)| *d);
+    Ok((kept, old))
+}
+
+/// `before` as given or derived from `total`, checked against `total`
+/// when both are given; `field`/`total_field` name them in errors.
+fn before(
+    given: Option<i128>,
+    total: Option<i64>,
+    listed: i128,
+    field: &str,
+    total_field: &str,
+) -> Result<i128, String> {
+    match (given, total) {
+        (Some(b), Some(t)) if b + listed != i128::from(t) => Err(format!(
+            "{total_field} {t} is not {field} ({b}) plus the sum of the days ({listed}): correct one, or leave {total_field} out"
+        )),
+        (Some(b), _) => Ok(b),
+        (None, Some(t)) => Ok(i128::from(t) - listed),
+        (None, None) => Err(format!(
+            "missing field `{total_field}` (or `{field}`)"
+        )),
+    }
+}
+
+fn counter(f: Fields, rules: &Rules) -> Result<CounterImport, String> {
+    f.only(&[
+        "entity",
+        "action",
+        "uuid",
+        "value",
+        "before",
+        "category",
+        "first_timestamp",
+        "recorded_timestamp",
+        "days",
+    ])?;
+    let key = key(&f)?;
+    let category = category(&f)?;
+    let (kept, old) = days(&f, rules, Value::as_i64, "a signed 64-bit integer")?;
+    let sum = |d: &[(i64, i64)]| d.iter().map(|(_, v)| i128::from(*v)).sum::<i128>();
+    let all = sum(&kept) + sum(&old);
+    let before = before(f.before, f.value, all, "before", "value")?;
+    let touched: Vec<i64> = kept.iter().chain(&old).map(|(d, _)| *d).collect();
+    let (first_ms, recorded_ms) = timestamps(&f, &touched, rules)?;
+    Ok(CounterImport {
+        key,
+        // Days past the retention would be deleted: they count in `before`.
+        before: before + sum(&old),
+        days: kept
+            .into_iter()
+            .map(|(day, value)| Bucket { day, value })
+            .collect(),
+        category,
+        first_ms,
+        recorded_ms,
+    })
+}
+
+fn average(f: Fields, rules: &Rules) -> Result<AverageImport, String> {
+    f.only(&[
+        "entity",
+        "action",
+        "uuid",
+        "sum",
+        "quantity",
+        "before_sum",
+        "before_quantity",
+        "category",
+        "first_timestamp",
+        "recorded_timestamp",
+        "days",
+    ])?;
+    let key = key(&f)?;
+    let category = category(&f)?;
+    let pair = |v: &Value| -> Option<(i64, i64)> {
+        let o = v.as_object()?;
+        if o.len() != 2 {
+            return None;
+        }
+        Some((o.get("sum")?.as_i64()?, o.get("quantity")?.as_i64()?))
+    };
+    let (kept, old) = days(
+        &f,
+        rules,
+        pair,
+        "{\"sum\": n, \"quantity\": n} of signed 64-bit integers",
+    )?;
+    let sums = |d: &[(i64, (i64, i64))]| {
+        d.iter().fold((0i128, 0i128), |(s, q), (_, (a, b))| {
+            (s + i128::from(*a), q + i128::from(*b))
+        })
+    };
+    let (ks, kq) = sums(&kept);
+    let (os, oq) = sums(&old);
+    let before_sum = before(f.before_sum, f.sum, ks + os, "before_sum", "sum")?;
+    let before_quantity = before(
+        f.before_quantity,
+        f.quantity,
+        kq + oq,
+        "before_quantity",
+        "quantity",
+    )?;
+    let touched: Vec<i64> = kept.iter().chain(&old).map(|(d, _)| *d).collect();
+    let (first_ms, recorded_ms) = timestamps(&f, &touched, rules)?;
+    Ok(AverageImport {
+        key,
+        before_sum: before_sum + os,
+        before_quantity: before_quantity + oq,
+        days: kept
+            .into_iter()
+            .map(|(day, (sum, quantity))| AverageBucket { day, sum, quantity })
+            .collect(),
+        category,
+        first_ms,
+        recorded_ms,
+    })
+}
+
+/// A day record: a backfill's set, validated exactly as `PUT .../days/{day}`.
+fn day(f: &Fields, rules: &Rules) -> Result<DaySet, String> {
+    f.only(&["entity", "action", "uuid", "day", "value", "category"])?;
+    let need = |name: &str, v: &Option<String>| -> Result<String, String> {
+        v.clone().ok_or_else(|| format!("missing field `{name}`"))
+    };
+    let (entity, action, uuid) = (
+        need("entity", &f.entity)?,
+        need("action", &f.action)?,
+        need("uuid", &f.uuid)?,
+    );
+    let day = need("day", &f.day)?;
+    let spec = DaySetSpec {
+        entity: &entity,
+        action: &action,
+        uuid: &uuid,
+        day: &day,
+        value: f.value.ok_or("missing field `value`")?,
+        category: f.category.as_deref(),
+    };
+    DaySet::from_spec_in(&spec, &rules.policy, rules.now, &mut Interner::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Counter;
+
+    fn rules() -> Rules {
+        Rules {
+            now: "2028-02-29T12:00:00Z".parse().unwrap(),
+            policy: TimePolicy::default(),
+        }
+    }
+
+    fn today() -> i64 {
+        day_of(rules().now)
+    }
+
+    fn history() -> CounterHistory {
+        CounterHistory {
+            counter: Counter {
+                key: CounterKey::new("ARTICLE", "VIEW", "a_1").unwrap(),
+                value: 130,
+                category: Some("news".into()),
+                first_ms: (today() - 500) * 86_400_000,
+                recorded_ms: today() * 86_400_000 + 5,
+            },
+            days: vec![
+                Bucket {
+                    day: today() - 3,
+                    value: 120,
+                },
+                Bucket {
+                    day: today(),
+                    value: 8,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_written_counter_reads_back_as_what_wrote_it() {
+        let line = counter_line(&history());
+        assert!(line.ends_with('\n') && !line[..line.len() - 1].contains('\n'));
+        assert!(
+            line.starts_with(r#"{"kind":"counter","entity":"ARTICLE","action":"VIEW","uuid":"a_1","value":130,"before":2,"category":"news""#),
+            "{line}"
+        );
+        let Record::Counter(c) = parse(line.trim_end(), &rules()).unwrap() else {
+            panic!("not a counter")
+        };
+        let h = history();
+        assert_eq!(c.key, h.counter.key);
+        assert_eq!(c.before, 2);
+        assert_eq!(c.days, h.days);
+        assert_eq!(
+            (c.first_ms, c.recorded_ms),
+            (h.counter.first_ms, h.counter.recorded_ms)
+        );
+        assert_eq!(c.category.as_deref(), Some("news"));
+        assert_eq!(
+            header_line(),
+            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":1}\n"
+        );
+        assert_eq!(
+            parse(header_line().trim_end(), &rules()),
+            Ok(Record::Header)
+        );
+    }
+
+    #[test]
+    fn before_is_given_or_derived_and_checked_against_value() {
+        let day = format_day(today() - 1);
+        let rec = |extra: &str| {
+            format!(
+                r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u","days":{{"{day}":10}}{extra}}}"#
+            )
+        };
+        let get = |extra: &str| match parse(&rec(extra), &rules()) {
+            Ok(Record::Counter(c)) => Ok(c.before),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e),
+        };
+        assert_eq!(get(r#","value":15"#), Ok(5));
+        assert_eq!(get(r#","before":-3"#), Ok(-3));
+        assert_eq!(get(r#","before":5,"value":15"#), Ok(5));
+        let e = get(r#","before":5,"value":16"#).unwrap_err();
+        assert!(e.contains("value 16") && e.contains("before (5)"), "{e}");
+        assert!(get("").unwrap_err().contains("`value`"));
+        // Past i64 the value is refused, `before` is not (days may sum past it).
+        let e = get(r#","value":9223372036854775808"#).unwrap_err();
+        assert!(e.contains("64-bit"), "{e}");
+        assert_eq!(
+            get(r#","before":-9223372036854775809"#),
+            Ok(-9_223_372_036_854_775_809)
+        );
+    }
+
+    #[test]
+    fn days_past_the_retention_count_in_before_and_future_days_are_refused() {
+        let old = format_day(today() - 401);
+        let kept = format_day(today() - 400);
+        let line = format!(
+            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u","value":10,"days":{{"{old}":4,"{kept}":5}}}}"#
+        );
+        let Ok(Record::Counter(c)) = parse(&line, &rules()) else {
+            panic!("{line}")
+        };
+        assert_eq!(c.before, 5);
+        assert_eq!(
+            c.days,
+            vec![Bucket {
+                day: today() - 400,
+                value: 5
+            }]
+        );
+        // Without timestamps: the starts of the earliest and latest day.
+        assert_eq!(c.first_ms, (today() - 401) * 86_400_000);
+        assert_eq!(c.recorded_ms, (today() - 400) * 86_400_000);
+        let future = format_day(today() + 1);
+        let line = format!(
+            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u","value":1,"days":{{"{future}":1}}}}"#
+        );
+        assert!(parse(&line, &rules()).unwrap_err().contains("future"));
+    }
+
+    #[test]
+    fn bad_lines_say_why() {
+        let today = format_day(today());
+        for (line, why) in [
+            ("{", "EOF"),
+            ("[]", "not a JSON object"),
+            (r#"{"kind":"counters"}"#, "unknown record kind"),
+            (
+                r#"{"kind":"counter","entity":"E","action":"A","uuid":"u","vlaue":1}"#,
+                "unknown field `vlaue`",
+            ),
+            (
+                r#"{"kind":"counter","entity":"E","action":"A","uuid":"u","value":1,"sum":1}"#,
+                "field `sum` is not part of a counter record",
+            ),
+            (
+                r#"{"kind":"counter","entity":"","action":"A","uuid":"u","value":1}"#,
+                "entity must not be empty",
+            ),
+            (
+                r#"{"kind":"counter","entity":"E","action":"A","uuid":"u","value":1.5}"#,
+                "floating point",
+            ),
+            (
+                r#"{"kind":"counter","entity":"E","action":"A","uuid":"u","value":1,"days":{"2028-2-1":1}}"#,
+                "YYYY-MM-DD",
+            ),
+            (
+                r#"{"kind":"counter","entity":"E","action":"A","uuid":"u","value":1,"first_timestamp":"2028-02-29T11:00:00Z","recorded_timestamp":"2028-02-28T00:00:00Z"}"#,
+                "after recorded",
+            ),
+            (
+                r#"{"kind":"average","entity":"E","action":"A","uuid":"u","sum":1,"quantity":1,"days":{"2028-02-29":{"sum":1}}}"#,
+                "quantity",
+            ),
+            (
+                r#"{"kind":"header","format":"counter-gateway","version":2}"#,
+                "version 1",
+            ),
+            (
+                r#"{"kind":"day","entity":"E","action":"A","uuid":"u","day":"2026-01-01","value":1}"#,
+                "retention",
+            ),
+        ] {
+            let e = parse(line, &rules()).unwrap_err();
+            assert!(e.contains(why), "{line}: {e}");
+        }
+        let twice = format!(
+            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u","value":1,"days":{{"{today}":1,"{today}":1}}}}"#
+        );
+        assert!(parse(&twice, &rules()).unwrap_err().contains("named twice"));
+    }
+
+    #[test]
+    fn an_average_round_trips() {
+        let a = AverageHistory {
+            key: CounterKey::new("ARTICLE", "rating", "a1").unwrap(),
+            sum: 40,
+            quantity: 10,
+            category: None,
+            first_ms: 1,
+            recorded_ms: today() * 86_400_000,
+            days: vec![AverageBucket {
+                day: today(),
+                sum: 9,
+                quantity: 2,
+            }],
+        };
+        let line = average_line(&a);
+        assert!(
+            line.contains(r#""days":{"2028-02-29":{"sum":9,"quantity":2}}"#),
+            "{line}"
+        );
+        let Ok(Record::Average(i)) = parse(line.trim_end(), &rules()) else {
+            panic!("{line}")
+        };
+        assert_eq!((i.before_sum, i.before_quantity), (31, 8));
+        assert_eq!(i.days, a.days);
+    }
+}

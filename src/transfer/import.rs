@@ -1,0 +1,511 @@
+//! `import`: NDJSON read line by line, checked, gathered into batches and
+//! set in the store a batch at a time (`Store::import`: one transaction
+//! and one fsync on the embedded store, `_bulk` on Elasticsearch).
+//!
+//! A batch is applied whole or not at all, and after each one a checkpoint
+//! (when asked for) records the last line applied, so an interrupted import
+//! goes on from there. Importing sets, so replaying a batch that was
+//! applied (or half applied, on Elasticsearch) before an interruption
+//! leaves the same state: resuming a little early is harmless.
+//!
+//! A bad line (it does not parse, names an unknown kind, a value past i64,
+//! a day outside the retention, or would take a counter out of range) stops
+//! the import with its line number and reason, before anything of its batch
+//! is applied; with `--skip-bad` it is written to that file instead (after
+//! a header, so the file can be corrected and imported) and the import goes on.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt};
+
+use super::format::{self, Record, Rules};
+use crate::domain::CounterKey;
+use crate::store::{ImportBatch, ImportEntry, ImportOutcome, Store};
+
+/// Longest line read: a counter with 400 days is some 10 KB.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// How an import runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Records per batch.
+    pub batch_records: usize,
+    /// Day buckets per batch (of records and day records together), so a
+    /// batch of long histories stays a bounded `_bulk`.
+    pub batch_days: usize,
+    /// File recording the last line applied; read at start to resume.
+    pub checkpoint: Option<PathBuf>,
+    /// File bad lines go to (after a header line), instead of stopping.
+    pub skip_bad: Option<PathBuf>,
+    /// Lines before this one (the header aside) are skipped.
+    pub from_line: u64,
+    /// How the input is named in messages and in the checkpoint.
+    pub input_name: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            batch_records: 1_000,
+            batch_days: 20_000,
+            checkpoint: None,
+            skip_bad: None,
+            from_line: 1,
+            input_name: "-".into(),
+        }
+    }
+}
+
+/// What an import did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Imported {
+    /// Lines read, the header and skipped lines included.
+    pub lines: u64,
+    pub counters: u64,
+    pub averages: u64,
+    /// Day records.
+    pub day_records: u64,
+    /// Day buckets set: those of counters and averages, and day records.
+    pub days: u64,
+    /// Lines written to `--skip-bad`.
+    pub bad: u64,
+    /// Lines skipped as already applied (checkpoint, `--from-line`).
+    pub resumed_after: u64,
+}
+
+/// The batch being gathered, with the line each entry came from.
+#[derive(Default)]
+struct Pending {
+    batch: ImportBatch,
+    counter_lines: Vec<(u64, String)>,
+    average_lines: Vec<(u64, String)>,
+    day_lines: Vec<(u64, String)>,
+    with_record: HashSet<CounterKey>,
+    with_days: HashSet<CounterKey>,
+    day_pairs: HashSet<(CounterKey, i64)>,
+    averages: HashSet<CounterKey>,
+    days: usize,
+    first_line: u64,
+}
+
+impl Pending {
+    fn records(&self) -> usize {
+        self.counter_lines.len() + self.average_lines.len() + self.day_lines.len()
+    }
+
+    /// Whether `r` names what the batch names already (the same counter or
+    /// average, or the same day of a counter): then it goes in the next
+    /// batch, so a batch never sets one thing twice.
+    fn clashes(&self, r: &Record) -> bool {
+        match r {
+            Record::Counter(c) => {
+                self.with_record.contains(&c.key) || self.with_days.contains(&c.key)
+            }
+            Record::Average(a) => self.averages.contains(&a.key),
+            Record::Day(d) => {
+                self.with_record.contains(&d.key)
+                    || self.day_pairs.contains(&(d.key.clone(), d.day))
+            }
+            Record::Header => false,
+        }
+    }
+
+    fn push(&mut self, r: Record, line: u64, raw: String) {
+        if self.records() == 0 {
+            self.first_line = line;
+        }
+        match r {
+            Record::Counter(c) => {
+                self.days += c.days.len();
+                self.with_record.insert(c.key.clone());
+                self.batch.counters.push(c);
+                self.counter_lines.push((line, raw));
+            }
+            Record::Average(a) => {
+                self.days += a.days.len();
+                self.averages.insert(a.key.clone());
+                self.batch.averages.push(a);
+                self.average_lines.push((line, raw));
+            }
+            Record::Day(d) => {
+                self.days += 1;
+                self.with_days.insert(d.key.clone());
+                self.day_pairs.insert((d.key.clone(), d.day));
+                self.batch.days.push(d);
+                self.day_lines.push((line, raw));
+            }
+            Record::Header => {}
+        }
+    }
+
+    /// Takes an entry out (it is set aside as bad); answers its line.
+    fn remove(&mut self, entry: ImportEntry) -> (u64, String) {
+        match entry {
+            ImportEntry::Counter(i) => {
+                self.days -= self.batch.counters.remove(i).days.len();
+                self.counter_lines.remove(i)
+            }
+            ImportEntry::Average(i) => {
+                self.days -= self.batch.averages.remove(i).days.len();
+                self.average_lines.remove(i)
+            }
+            ImportEntry::Day(i) => {
+                self.days -= 1;
+                self.batch.days.remove(i);
+                self.day_lines.remove(i)
+            }
+        }
+    }
+
+    fn line_of(&self, entry: ImportEntry) -> u64 {
+        match entry {
+            ImportEntry::Counter(i) => self.counter_lines[i].0,
+            ImportEntry::Average(i) => self.average_lines[i].0,
+            ImportEntry::Day(i) => self.day_lines[i].0,
+        }
+    }
+}
+
+/// Where bad lines go with `--skip-bad`.
+struct SkipFile {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl SkipFile {
+    fn open(path: &Path, append: bool) -> Result<SkipFile, String> {
+        use std::io::Write;
+        let err = |e: std::io::Error| format!("--skip-bad {}: {e}", path.display());
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(append)
+            .write(true)
+            .truncate(!append)
+            .open(path)
+            .map_err(err)?;
+        if file.metadata().map_err(err)?.len() == 0 {
+            file.write_all(format::header_line().as_bytes())
+                .map_err(err)?;
+        }
+        Ok(SkipFile {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    fn put(&mut self, raw: &str) -> Result<(), String> {
+        use std::io::Write;
+        writeln!(self.file, "{raw}").map_err(|e| format!("--skip-bad {}: {e}", self.path.display()))
+    }
+}
+
+/// The checkpoint: the input's name and the last line applied.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Checkpoint {
+    input: String,
+    line: u64,
+}
+
+fn read_checkpoint(path: &Path, input: &str) -> Result<Option<u64>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("--checkpoint {}: {e}", path.display())),
+    };
+    let c: Checkpoint = serde_json::from_str(&text)
+        .map_err(|e| format!("--checkpoint {}: not a checkpoint ({e})", path.display()))?;
+    if c.input != input {
+        return Err(format!(
+            "--checkpoint {} is for input {:?}, not {input:?}: remove it to start over",
+            path.display(),
+            c.input
+        ));
+    }
+    Ok(Some(c.line))
+}
+
+/// Written to a temporary file, fsync'd and renamed over the old one, so a
+/// crash leaves the old checkpoint or the new one, never half of one.
+fn write_checkpoint(path: &Path, input: &str, line: u64) -> Result<(), String> {
+    use std::io::Write;
+    let err = |e: std::io::Error| format!("--checkpoint {}: {e}", path.display());
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let text = serde_json::to_string(&Checkpoint {
+        input: input.to_string(),
+        line,
+    })
+    .map_err(|e| e.to_string())?;
+    let mut f = std::fs::File::create(&tmp).map_err(err)?;
+    f.write_all(text.as_bytes()).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}
+
+/// The state of a running import.
+struct Run<'a> {
+    store: &'a dyn Store,
+    options: &'a Options,
+    skip: Option<SkipFile>,
+    done: Imported,
+    /// The last line known applied (every line before it too).
+    applied: u64,
+    progress: &'a indicatif::ProgressBar,
+}
+
+impl Run<'_> {
+    /// How to go on after a stop, with lines up to `self.applied` applied.
+    fn resume_hint(&self, first_unapplied: u64) -> String {
+        let how = match &self.options.checkpoint {
+            Some(c) => format!(
+                "run the same command again: --checkpoint {} resumes after line {}",
+                c.display(),
+                self.applied
+            ),
+            None => format!("run it again with --from-line {first_unapplied}"),
+        };
+        format!(
+            "lines up to {} are applied, nothing from line {first_unapplied} on; {how} (importing sets: a line applied twice leaves the same state)",
+            self.applied
+        )
+    }
+
+    fn bad(
+        &mut self,
+        line: u64,
+        reason: &str,
+        raw: &str,
+        first_unapplied: u64,
+    ) -> Result<(), String> {
+        match &mut self.skip {
+            Some(f) => {
+                f.put(raw)?;
+                self.done.bad += 1;
+                self.progress
+                    .suspend(|| eprintln!("line {line}: {reason} (set aside in {})", f.path.display()));
+                Ok(())
+            }
+            None => Err(format!(
+                "line {line}: {reason}\n{}; correct or remove line {line} first, or pass --skip-bad FILE to set bad lines aside and go on",
+                self.resume_hint(first_unapplied)
+            )),
+        }
+    }
+
+    async fn flush(&mut self, mut p: Pending) -> Result<(), String> {
+        if p.records() == 0 {
+            return Ok(());
+        }
+        let last_line = p
+            .counter_lines
+            .iter()
+            .chain(&p.average_lines)
+            .chain(&p.day_lines)
+            .map(|(l, _)| *l)
+            .max()
+            .unwrap_or(p.first_line);
+        loop {
+            match self.store.import(p.batch.clone()).await {
+                Ok(ImportOutcome::Applied) => break,
+                Ok(ImportOutcome::Overflow(entry)) => {
+                    let line = p.line_of(entry);
+                    let reason = "setting it would take its counter outside the signed 64-bit range (with what the store holds)";
+                    if self.skip.is_none() {
+                        return Err(format!(
+                            "line {line}: {reason}\n{}; correct or remove line {line} first, or pass --skip-bad FILE to set bad lines aside and go on",
+                            self.resume_hint(p.first_line)
+                        ));
+                    }
+                    let (line, raw) = p.remove(entry);
+                    self.bad(line, reason, &raw, p.first_line)?;
+                    if p.records() == 0 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "the store failed on the batch of lines {}-{last_line}: {e}\n{}",
+                        p.first_line,
+                        self.resume_hint(p.first_line)
+                    ))
+                }
+            }
+        }
+        self.done.counters += p.counter_lines.len() as u64;
+        self.done.averages += p.average_lines.len() as u64;
+        self.done.day_records += p.day_lines.len() as u64;
+        self.done.days += p.days as u64;
+        self.applied = last_line;
+        if let Some(c) = &self.options.checkpoint {
+            write_checkpoint(c, &self.options.input_name, last_line)?;
+        }
+        self.progress.set_message(format!(
+            "{} records",
+            self.done.counters + self.done.averages + self.done.day_records
+        ));
+        Ok(())
+    }
+}
+
+/// Imports every line of `input` into `store`. On success the checkpoint
+/// (if any) is removed: the next run starts from the top.
+pub async fn read_all<R: AsyncBufRead + Unpin>(
+    store: &dyn Store,
+    mut input: R,
+    rules: &Rules,
+    options: &Options,
+    progress: &indicatif::ProgressBar,
+) -> Result<Imported, String> {
+    let resumed = match &options.checkpoint {
+        Some(c) => read_checkpoint(c, &options.input_name)?,
+        None => None,
+    };
+    let skip_before = resumed.map(|l| l + 1).unwrap_or(1).max(options.from_line);
+    if let (Some(l), Some(c)) = (resumed, &options.checkpoint) {
+        progress.suspend(|| {
+            eprintln!(
+                "resuming after line {l} (checkpoint {}): lines up to it were applied",
+                c.display()
+            )
+        });
+    }
+    let skip = match &options.skip_bad {
+        Some(p) => Some(SkipFile::open(p, resumed.is_some())?),
+        None => None,
+    };
+    let mut run = Run {
+        store,
+        options,
+        skip,
+        done: Imported::default(),
+        applied: skip_before - 1,
+        progress,
+    };
+    let mut pending = Pending::default();
+    let mut buf = Vec::with_capacity(4096);
+    let mut line_no = 0u64;
+    loop {
+        buf.clear();
+        let n = (&mut input)
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .await
+            .map_err(|e| {
+                format!(
+                    "reading {} failed after line {line_no}: {e}",
+                    options.input_name
+                )
+            })?;
+        if n == 0 {
+            break;
+        }
+        progress.inc(n as u64);
+        line_no += 1;
+        let too_long = buf.len() > MAX_LINE_BYTES && buf.last() != Some(&b'\n');
+        if too_long {
+            // Read past the rest of the line, keeping none of it.
+            let mut rest = Vec::new();
+            loop {
+                rest.clear();
+                let m = (&mut input)
+                    .take(64 * 1024)
+                    .read_until(b'\n', &mut rest)
+                    .await
+                    .map_err(|e| format!("reading {} failed: {e}", options.input_name))?;
+                progress.inc(m as u64);
+                if m == 0 || rest.last() == Some(&b'\n') {
+                    break;
+                }
+            }
+        }
+        if line_no > 1 && line_no < skip_before {
+            continue;
+        }
+        let text = String::from_utf8_lossy(&buf);
+        let raw = text.trim_end_matches(['\n', '\r']).to_string();
+        let parsed = if too_long {
+            Err(format!("the line is longer than {MAX_LINE_BYTES} bytes"))
+        } else if std::str::from_utf8(&buf).is_err() {
+            Err("the line is not UTF-8".into())
+        } else if raw.trim().is_empty() {
+            if line_no == 1 {
+                Err("the line is empty".into())
+            } else {
+                continue;
+            }
+        } else {
+            format::parse(&raw, rules)
+        };
+        if line_no == 1 {
+            match parsed {
+                Ok(Record::Header) => continue,
+                Ok(_) => {
+                    return Err(format!(
+                        "line 1: the first line must be the header {}",
+                        format::header_line().trim_end()
+                    ))
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "line 1: not the header {}: {e}",
+                        format::header_line().trim_end()
+                    ))
+                }
+            }
+        }
+        let record = match parsed {
+            Ok(Record::Header) => {
+                Err("a header inside the file (only the first line is one)".to_string())
+            }
+            other => other,
+        };
+        let record = match record {
+            Ok(r) => r,
+            Err(reason) => {
+                let first = if pending.records() == 0 {
+                    line_no
+                } else {
+                    pending.first_line
+                };
+                run.bad(line_no, &reason, &raw, first)?;
+                continue;
+            }
+        };
+        let days = match &record {
+            Record::Counter(c) => c.days.len(),
+            Record::Average(a) => a.days.len(),
+            _ => 1,
+        };
+        if pending.clashes(&record)
+            || pending.records() >= options.batch_records
+            || (pending.records() > 0 && pending.days + days > options.batch_days)
+        {
+            let full = std::mem::take(&mut pending);
+            run.flush(full).await?;
+        }
+        if pending.records() == 0 {
+            pending.batch.oldest_day = rules.oldest_day();
+        }
+        pending.push(record, line_no, raw);
+    }
+    if line_no == 0 {
+        return Err(format!(
+            "{} is empty: the first line must be the header {}",
+            options.input_name,
+            format::header_line().trim_end()
+        ));
+    }
+    run.flush(pending).await?;
+    run.done.lines = line_no;
+    run.done.resumed_after = skip_before - 1;
+    if let Some(c) = &options.checkpoint {
+        match std::fs::remove_file(c) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("--checkpoint {}: {e}", c.display())),
+        }
+    }
+    Ok(run.done)
+}

@@ -1,0 +1,242 @@
+//! Data in and out: `export` (a tenant as NDJSON), `import` (NDJSON set
+//! into a store) and `migrate` (every tenant of the embedded store into
+//! Elasticsearch, then verified). The format is in [`format`]; the stores
+//! only answer pages and apply batches (`Store::counter_page`,
+//! `Store::average_page`, `Store::import`), so every command works on both.
+//!
+//! ```text
+//! export:  store ─▶ pages in key order ─▶ format ─▶ file or stdout
+//! import:  file or stdin ─▶ lines ─▶ format (checked) ─▶ batches ─▶ store (checkpoint after each)
+//! migrate: per tenant, export(embedded) ─▶ in-memory pipe ─▶ import(Elasticsearch), then verify
+//! ```
+
+pub mod export;
+pub mod format;
+pub mod import;
+pub mod migrate;
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::config::{ExportArgs, ImportArgs, MigrateArgs, StoreArgs};
+use crate::domain::Clock;
+use crate::store::elasticsearch::ElasticsearchStore;
+use crate::store::sqlite::{SqliteStore, DB_FILE};
+use crate::store::Store;
+use crate::tenant::{validate_tenant, DEFAULT_TENANT};
+
+/// A progress bar on stderr when it is a terminal (hidden otherwise, so
+/// logs and pipes get only the final count): bytes of `len` when known,
+/// else a spinner counting records.
+pub fn progress(len: Option<u64>) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let (bar, template) = match len {
+        Some(n) => (
+            indicatif::ProgressBar::new(n),
+            "{bar:30} {bytes}/{total_bytes} {msg} ({elapsed}, {eta} left)",
+        ),
+        None => (
+            indicatif::ProgressBar::new_spinner(),
+            "{spinner} {pos} records {msg} ({elapsed}, {per_sec})",
+        ),
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar
+}
+
+/// The directory of `tenant`'s embedded store: the data directory itself
+/// for the default tenant, `tenants/<tenant>/` in it for the others.
+pub fn embedded_dir(data_dir: &Path, tenant: &str) -> PathBuf {
+    if tenant == DEFAULT_TENANT {
+        data_dir.to_path_buf()
+    } else {
+        data_dir.join("tenants").join(tenant)
+    }
+}
+
+/// Opens `tenant`'s embedded store; unless `create`, only one that exists
+/// (an export of a mistyped directory must not create an empty store).
+pub fn open_embedded(
+    args: &StoreArgs,
+    tenant: &str,
+    create: bool,
+    clock: Clock,
+) -> Result<SqliteStore, String> {
+    let dir = embedded_dir(&args.data_dir, tenant);
+    if !create && !dir.join(DB_FILE).exists() {
+        return Err(format!(
+            "no embedded store of tenant {tenant} in {} (no {DB_FILE}): check --data-dir and --tenant",
+            dir.display()
+        ));
+    }
+    SqliteStore::open(
+        &dir,
+        args.durability,
+        args.idempotency_window,
+        args.retention_days,
+        clock,
+    )
+    .map_err(|e| format!("{}: {e}", dir.display()))
+}
+
+/// The Elasticsearch store of `args` (`None` without `--elasticsearch-url`),
+/// for `tenant`; with `setup`, templates and scripts installed first
+/// (unless `--skip-setup`).
+pub async fn open_elasticsearch(
+    args: &StoreArgs,
+    tenant: &str,
+    setup: bool,
+    clock: Clock,
+) -> Result<Option<ElasticsearchStore>, String> {
+    let Some(cfg) = args.elasticsearch.to_config(args.idempotency_window)? else {
+        return Ok(None);
+    };
+    let run_setup = setup && !args.elasticsearch.skip_setup;
+    let base = ElasticsearchStore::open(cfg, clock, run_setup)
+        .await
+        .map_err(|e| e.to_string())?;
+    base.for_tenant(tenant).map(Some).map_err(|e| e.to_string())
+}
+
+/// The store an export or import names: Elasticsearch with a URL, else
+/// the embedded store.
+async fn open_store(
+    args: &StoreArgs,
+    tenant: &str,
+    writing: bool,
+    clock: Clock,
+) -> Result<Arc<dyn Store>, String> {
+    validate_tenant(tenant).map_err(|e| format!("--tenant: {e}"))?;
+    args.validate()?;
+    crate::store::sqlite::set_memory_budget(args.sqlite_memory_budget);
+    match open_elasticsearch(args, tenant, writing, clock.clone()).await? {
+        Some(es) => Ok(Arc::new(es)),
+        None => Ok(Arc::new(open_embedded(args, tenant, writing, clock)?)),
+    }
+}
+
+/// `counter-gateway export`.
+pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
+    let store = open_store(&args.store, &args.tenant, false, clock.clone()).await?;
+    let rules = format::Rules {
+        now: clock.now(),
+        policy: args.store.time_policy(),
+    };
+    let bar = progress(None);
+    let started = std::time::Instant::now();
+    let target = args.output.filter(|p| p.as_os_str() != "-");
+    let done = match &target {
+        Some(path) => {
+            // Written beside the target and renamed at the end, so a file
+            // of that name is always a complete export.
+            let mut tmp = path.as_os_str().to_owned();
+            tmp.push(".partial");
+            let tmp = PathBuf::from(tmp);
+            let file = tokio::fs::File::create(&tmp)
+                .await
+                .map_err(|e| format!("--output {}: {e}", tmp.display()))?;
+            let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
+            let done = export::write_all(&*store, &mut out, rules.oldest_day(), &bar).await?;
+            out.into_inner()
+                .sync_all()
+                .await
+                .map_err(|e| format!("--output {}: {e}", tmp.display()))?;
+            tokio::fs::rename(&tmp, path)
+                .await
+                .map_err(|e| format!("--output {}: {e}", path.display()))?;
+            done
+        }
+        None => {
+            let mut out = tokio::io::BufWriter::with_capacity(1 << 20, tokio::io::stdout());
+            export::write_all(&*store, &mut out, rules.oldest_day(), &bar).await?
+        }
+    };
+    bar.finish_and_clear();
+    eprintln!(
+        "exported {} counters and {} averages with {} day buckets ({} lines) of tenant {} to {} in {:.1} s",
+        done.counters,
+        done.averages,
+        done.days,
+        done.lines(),
+        args.tenant,
+        target.as_deref().map_or("standard output".into(), |p| p.display().to_string()),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `counter-gateway import`.
+pub async fn run_import(args: ImportArgs, clock: Clock) -> Result<(), String> {
+    let store = open_store(&args.store, &args.tenant, true, clock.clone()).await?;
+    let rules = format::Rules {
+        now: clock.now(),
+        policy: args.store.time_policy(),
+    };
+    let source = args.input.filter(|p| p.as_os_str() != "-");
+    let options = import::Options {
+        batch_records: usize::try_from(args.batch_size).unwrap_or(1_000),
+        checkpoint: args.checkpoint,
+        skip_bad: args.skip_bad,
+        from_line: args.from_line.max(1),
+        input_name: source
+            .as_deref()
+            .map_or("-".into(), |p| p.display().to_string()),
+        ..import::Options::default()
+    };
+    let started = std::time::Instant::now();
+    let (done, bar) = match &source {
+        Some(path) => {
+            let file = tokio::fs::File::open(path)
+                .await
+                .map_err(|e| format!("--input {}: {e}", path.display()))?;
+            let len = file.metadata().await.ok().map(|m| m.len());
+            let bar = progress(len);
+            let input = tokio::io::BufReader::with_capacity(1 << 20, file);
+            (
+                import::read_all(&*store, input, &rules, &options, &bar).await,
+                bar,
+            )
+        }
+        None => {
+            let bar = progress(None);
+            let input = tokio::io::BufReader::with_capacity(1 << 20, tokio::io::stdin());
+            (
+                import::read_all(&*store, input, &rules, &options, &bar).await,
+                bar,
+            )
+        }
+    };
+    bar.finish_and_clear();
+    let done = done?;
+    eprintln!(
+        "imported {} counters, {} averages and {} day records ({} day buckets set) into tenant {} from {} in {:.1} s{}{}",
+        done.counters,
+        done.averages,
+        done.day_records,
+        done.days,
+        args.tenant,
+        options.input_name,
+        started.elapsed().as_secs_f64(),
+        if done.resumed_after > 1 {
+            format!("; lines up to {} were skipped as applied before", done.resumed_after)
+        } else {
+            String::new()
+        },
+        match (&options.skip_bad, done.bad) {
+            (Some(p), n) if n > 0 => format!("; {n} bad lines set aside in {}", p.display()),
+            _ => String::new(),
+        }
+    );
+    Ok(())
+}
+
+/// `counter-gateway migrate`.
+pub async fn run_migrate(args: MigrateArgs, clock: Clock) -> Result<(), String> {
+    migrate::run(&args.store, clock).await
+}
