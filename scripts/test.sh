@@ -26,7 +26,7 @@ passed=$(count "$log" "passed;"); failed=$(count "$log" "failed;"); ignored=$(co
 # COUNTER_GATEWAY_TEST_NOW instead of the wall clock (tests/common/mod.rs).
 echo "== date-dependent suites at injected dates"
 dated=(--test window_totals --test day_change --test conformance_embedded --test api_queries
-       --test api_events --test api_counters --test es_behaviour)
+       --test api_events --test api_counters --test es_behaviour --test transfer)
 for at in 2027-01-31T12:00:00Z 2027-12-31T12:00:00Z 2028-02-29T12:00:00Z 2026-12-31T23:59:59Z; do
   echo "-- COUNTER_GATEWAY_TEST_NOW=$at"
   at_log=$(mktemp)
@@ -42,7 +42,7 @@ for at in 2027-01-31T12:00:00Z 2027-12-31T12:00:00Z 2028-02-29T12:00:00Z 2026-12
   rm -f "$at_log"
 done
 
-echo "== real search engine suites (tests/es_real.rs, tests/es_node_faults.rs)"
+echo "== real search engine suites (tests/es_real.rs, tests/es_node_faults.rs, tests/es_transfer.rs)"
 # Against ELASTICSEARCH_URL when set (any Elasticsearch 8/9 or OpenSearch 2);
 # otherwise against a real OpenSearch 2.19 node that scripts/opensearch.sh
 # builds from Maven Central and starts for this run (Java 17 and Maven).
@@ -60,7 +60,7 @@ es_log=$(mktemp)
 es_status=0
 if [ -n "${ELASTICSEARCH_URL:-}" ]; then
   echo "against ELASTICSEARCH_URL=${ELASTICSEARCH_URL}"
-  es_suites=(--test es_real)
+  es_suites=(--test es_real --test es_transfer)
   if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then
     es_suites+=(--test es_node_faults)
   else
@@ -68,7 +68,7 @@ if [ -n "${ELASTICSEARCH_URL:-}" ]; then
   fi
   cargo test --locked "${es_suites[@]}" -- --ignored 2>&1 | tee "$es_log" || es_status=$?
 else
-  scripts/opensearch.sh run -- cargo test --locked --test es_real --test es_node_faults -- --ignored 2>&1 | tee "$es_log" || es_status=$?
+  scripts/opensearch.sh run -- cargo test --locked --test es_real --test es_node_faults --test es_transfer -- --ignored 2>&1 | tee "$es_log" || es_status=$?
 fi
 es_passed=$(count "$es_log" "passed;"); es_failed=$(count "$es_log" "failed;")
 if grep -q '^opensearch: unavailable:' "$es_log"; then
