@@ -122,17 +122,18 @@ impl ElasticsearchStore {
     }
 
     /// Every bucket document of `ids` in `pattern` from `from_day` on, by
-    /// counter id then day, as (counter id, day, source).
+    /// counter id then day, each handed to `each` as (counter id, day,
+    /// source): only one search page is held at a time.
     async fn buckets_of(
         &self,
         pattern: &str,
         ids: &[String],
         from_day: i64,
         fields: &[&str],
-    ) -> Result<Vec<(String, i64, Value)>, StoreError> {
-        let mut out = Vec::new();
+        mut each: impl FnMut(&str, i64, &Value),
+    ) -> Result<(), StoreError> {
         if ids.is_empty() {
-            return Ok(out);
+            return Ok(());
         }
         let mut after: Option<Value> = None;
         loop {
@@ -163,11 +164,14 @@ impl ElasticsearchStore {
                         "a bucket hit lacks its sort values".into(),
                     ));
                 };
-                let source = h.get("_source").cloned().unwrap_or(Value::Null);
-                out.push((id.to_string(), ms.div_euclid(86_400_000), source));
+                each(
+                    id,
+                    ms.div_euclid(86_400_000),
+                    h.get("_source").unwrap_or(&Value::Null),
+                );
             }
             if page.len() < SEARCH_PAGE {
-                return Ok(out);
+                return Ok(());
             }
             after = page.last().and_then(|h| h.get("sort")).cloned();
         }
@@ -207,13 +211,17 @@ impl ElasticsearchStore {
             .collect::<Result<_, _>>()?;
         let ids: Vec<String> = counters.iter().map(|c| c.key.doc_id()).collect();
         let mut days: HashMap<String, Vec<Bucket>> = HashMap::new();
-        for (id, day, source) in self
-            .buckets_of(&names.buckets_pattern(), &ids, from_day, &["value"])
-            .await?
-        {
-            let value = int(source.get("value")).unwrap_or(0);
-            days.entry(id).or_default().push(Bucket { day, value });
-        }
+        self.buckets_of(
+            &names.buckets_pattern(),
+            &ids,
+            from_day,
+            &["value"],
+            |id, day, source| {
+                let value = int(source.get("value")).unwrap_or(0);
+                days_of(&mut days, id).push(Bucket { day, value });
+            },
+        )
+        .await?;
         Ok(counters
             .into_iter()
             .zip(ids)
@@ -259,21 +267,20 @@ impl ElasticsearchStore {
             .collect::<Result<_, _>>()?;
         let ids: Vec<String> = averages.iter().map(|a| a.key.doc_id()).collect();
         let mut days: HashMap<String, Vec<AverageBucket>> = HashMap::new();
-        for (id, day, source) in self
-            .buckets_of(
-                &names.average_buckets_pattern(),
-                &ids,
-                from_day,
-                &["sum", "quantity"],
-            )
-            .await?
-        {
-            days.entry(id).or_default().push(AverageBucket {
-                day,
-                sum: int(source.get("sum")).unwrap_or(0),
-                quantity: int(source.get("quantity")).unwrap_or(0),
-            });
-        }
+        self.buckets_of(
+            &names.average_buckets_pattern(),
+            &ids,
+            from_day,
+            &["sum", "quantity"],
+            |id, day, source| {
+                days_of(&mut days, id).push(AverageBucket {
+                    day,
+                    sum: int(source.get("sum")).unwrap_or(0),
+                    quantity: int(source.get("quantity")).unwrap_or(0),
+                });
+            },
+        )
+        .await?;
         for (a, id) in averages.iter_mut().zip(&ids) {
             a.days = days.remove(id).unwrap_or_default();
         }
@@ -388,17 +395,14 @@ impl ElasticsearchStore {
         let mut others: HashMap<String, Vec<(i64, Value)>> = HashMap::new();
         if !existing.is_empty() {
             self.refresh_tenant(&names.buckets_pattern()).await?;
-            for (id, day, source) in self
-                .buckets_of(
-                    &names.buckets_pattern(),
-                    &existing,
-                    oldest_day,
-                    &["value", "last_set"],
-                )
-                .await?
-            {
-                others.entry(id).or_default().push((day, source));
-            }
+            self.buckets_of(
+                &names.buckets_pattern(),
+                &existing,
+                oldest_day,
+                &["value", "last_set"],
+                |id, day, source| days_of(&mut others, id).push((day, source.clone())),
+            )
+            .await?;
         }
         let mut out = Vec::with_capacity(which.len());
         for (&i, (counter, buckets)) in which.iter().zip(read) {
@@ -520,12 +524,14 @@ impl ElasticsearchStore {
         if !existing.is_empty() {
             let pattern = names.average_buckets_pattern();
             self.refresh_tenant(&pattern).await?;
-            for (id, day, source) in self
-                .buckets_of(&pattern, &existing, oldest_day, &["sum", "quantity"])
-                .await?
-            {
-                others.entry(id).or_default().push((day, source));
-            }
+            self.buckets_of(
+                &pattern,
+                &existing,
+                oldest_day,
+                &["sum", "quantity"],
+                |id, day, source| days_of(&mut others, id).push((day, source.clone())),
+            )
+            .await?;
         }
         let mut out = Vec::with_capacity(which.len());
         for (&i, (average, buckets)) in which.iter().zip(read) {
@@ -776,6 +782,11 @@ fn hits(answer: &Value) -> Result<&Vec<Value>, StoreError> {
         .pointer("/hits/hits")
         .and_then(Value::as_array)
         .ok_or_else(|| StoreError::Internal("the search answer has no hits".into()))
+}
+
+/// The list of `id` in `map`, made on first use.
+fn days_of<'m, T>(map: &'m mut HashMap<String, Vec<T>>, id: &str) -> &'m mut Vec<T> {
+    map.entry(id.to_owned()).or_default()
 }
 
 /// An integer as stored: a JSON number, or a string of one.
