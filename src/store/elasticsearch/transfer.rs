@@ -351,6 +351,50 @@ impl ElasticsearchStore {
         Ok(out)
     }
 
+    /// The documents of `wanted` (an id in `index`, and the bucket index
+    /// and day of each named day) with their versions. The named buckets
+    /// are read only for documents that exist: a new counter's buckets are
+    /// created (one left over from elsewhere makes the create conflict, and
+    /// the counter is read again, then existing).
+    async fn read_with_days(
+        &self,
+        index: &str,
+        wanted: &[(String, Vec<(String, i64)>)],
+    ) -> Result<Vec<(Doc, Vec<Doc>)>, StoreError> {
+        let parents: Vec<(String, String, Option<String>)> = wanted
+            .iter()
+            .map(|(id, _)| (index.to_string(), id.clone(), None))
+            .collect();
+        let parents = self.mget_docs(&parents).await?;
+        let mut asked = Vec::new();
+        for ((id, days), parent) in wanted.iter().zip(&parents) {
+            if parent.version.is_some() {
+                for (bucket_index, day) in days {
+                    asked.push((
+                        bucket_index.clone(),
+                        bucket_doc_id(id, *day),
+                        Some(id.clone()),
+                    ));
+                }
+            }
+        }
+        let mut buckets = self.mget_docs(&asked).await?.into_iter();
+        Ok(parents
+            .into_iter()
+            .zip(wanted)
+            .map(|(parent, (_, days))| {
+                let named = if parent.version.is_some() {
+                    days.iter()
+                        .map(|_| buckets.next().unwrap_or_default())
+                        .collect()
+                } else {
+                    vec![Doc::default(); days.len()]
+                };
+                (parent, named)
+            })
+            .collect())
+    }
+
     /// The documents that set `counters[i]` for each `i` of `which`, from
     /// the store as read now; `Err(i)` names one whose total would leave i64.
     async fn counter_items(
@@ -360,30 +404,20 @@ impl ElasticsearchStore {
         oldest_day: i64,
     ) -> Result<Result<Vec<(usize, Vec<Item>)>, usize>, StoreError> {
         let names = &self.config.names;
-        let mut asked = Vec::new();
-        for &i in which {
-            let c = &counters[i];
-            let cid = c.key.doc_id();
-            asked.push((names.counters(), cid.clone(), None));
-            for b in &c.days {
-                asked.push((
-                    names.buckets(b.day),
-                    bucket_doc_id(&cid, b.day),
-                    Some(cid.clone()),
-                ));
-            }
-        }
-        let mut docs = self.mget_docs(&asked).await?.into_iter();
-        let mut read: Vec<(Doc, Vec<Doc>)> = Vec::with_capacity(which.len());
-        for &i in which {
-            let counter = docs.next().unwrap_or_default();
-            let buckets = counters[i]
-                .days
-                .iter()
-                .map(|_| docs.next().unwrap_or_default())
-                .collect();
-            read.push((counter, buckets));
-        }
+        let wanted: Vec<(String, Vec<(String, i64)>)> = which
+            .iter()
+            .map(|&i| {
+                let c = &counters[i];
+                let cid = c.key.doc_id();
+                let days = c
+                    .days
+                    .iter()
+                    .map(|b| (names.buckets(b.day), b.day))
+                    .collect();
+                (cid, days)
+            })
+            .collect();
+        let read = self.read_with_days(&names.counters(), &wanted).await?;
         // The other buckets of counters that exist: after a refresh, so the
         // search sees every acknowledged write.
         let existing: Vec<String> = which
@@ -490,30 +524,19 @@ impl ElasticsearchStore {
         oldest_day: i64,
     ) -> Result<Result<Vec<(usize, Vec<Item>)>, usize>, StoreError> {
         let names = &self.config.names;
-        let mut asked = Vec::new();
-        for &i in which {
-            let a = &averages[i];
-            let cid = a.key.doc_id();
-            asked.push((names.averages(), cid.clone(), None));
-            for b in &a.days {
-                asked.push((
-                    names.average_buckets(b.day),
-                    bucket_doc_id(&cid, b.day),
-                    Some(cid.clone()),
-                ));
-            }
-        }
-        let mut docs = self.mget_docs(&asked).await?.into_iter();
-        let mut read: Vec<(Doc, Vec<Doc>)> = Vec::with_capacity(which.len());
-        for &i in which {
-            let average = docs.next().unwrap_or_default();
-            let buckets = averages[i]
-                .days
-                .iter()
-                .map(|_| docs.next().unwrap_or_default())
-                .collect();
-            read.push((average, buckets));
-        }
+        let wanted: Vec<(String, Vec<(String, i64)>)> = which
+            .iter()
+            .map(|&i| {
+                let a = &averages[i];
+                let days = a
+                    .days
+                    .iter()
+                    .map(|b| (names.average_buckets(b.day), b.day))
+                    .collect();
+                (a.key.doc_id(), days)
+            })
+            .collect();
+        let read = self.read_with_days(&names.averages(), &wanted).await?;
         let existing: Vec<String> = which
             .iter()
             .zip(&read)

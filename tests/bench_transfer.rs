@@ -1,0 +1,162 @@
+//! Benchmark (not a test): records imported per second on each store, and
+//! exported per second, in one run so the figures compare.
+//!
+//! `cargo test --release --test bench_transfer -- --ignored --nocapture`
+//! measures the embedded store; with `ELASTICSEARCH_URL` set (or under
+//! `scripts/opensearch.sh run -- ...`) Elasticsearch too. `BENCH_RECORDS`
+//! (default 20,000) counters of `BENCH_DAYS` (default 30) day buckets each.
+//! Wall-clock time, and this process's CPU time from `/proc/self/stat` (the
+//! engine's own CPU is not in it).
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use counter_gateway::domain::{day_of, Counter, CounterKey, ManualClock, TimePolicy};
+use counter_gateway::store::elasticsearch::config::EsConfig;
+use counter_gateway::store::elasticsearch::ElasticsearchStore;
+use counter_gateway::store::sqlite::{Durability, SqliteStore};
+use counter_gateway::store::{Bucket, CounterHistory, Store};
+use counter_gateway::transfer::{export, format, import};
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// This process's user + system CPU time.
+fn cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // Clock ticks: 100 a second on Linux.
+    Duration::from_millis(f.iter().sum::<u64>() * 10)
+}
+
+fn rules() -> format::Rules {
+    format::Rules {
+        now: common::test_now(),
+        policy: TimePolicy::default(),
+    }
+}
+
+fn file(records: usize, days: usize) -> String {
+    let today = day_of(common::test_now());
+    let mut text = format::header_line();
+    for i in 0..records {
+        let days: Vec<Bucket> = (0..days)
+            .map(|n| Bucket {
+                day: today - n as i64,
+                value: (i + n) as i64 % 97,
+            })
+            .collect();
+        text.push_str(&format::counter_line(&CounterHistory {
+            counter: Counter {
+                key: CounterKey::new("ARTICLE", "VIEW", &format!("article-{i:07}")).unwrap(),
+                value: days.iter().map(|b| b.value).sum(),
+                category: Some("news".into()),
+                first_ms: (today - 40) * 86_400_000,
+                recorded_ms: today * 86_400_000,
+            },
+            days,
+        }));
+    }
+    text
+}
+
+/// Imports `text` and exports it back; prints and answers records/s of each.
+async fn measure(name: &str, store: &dyn Store, text: &str, records: usize) -> f64 {
+    let options = import::Options::default();
+    let hidden = indicatif::ProgressBar::hidden();
+    let (t, c) = (Instant::now(), cpu());
+    let done = import::read_all(store, text.as_bytes(), &rules(), &options, &hidden)
+        .await
+        .unwrap();
+    let (wall, spent) = (t.elapsed(), cpu() - c);
+    assert_eq!(done.counters as usize, records);
+    let rate = records as f64 / wall.as_secs_f64();
+    println!(
+        "{name}: import {records} records ({} days) in {:.2} s: {rate:.0} records/s, {:.0} days/s; {:.1} µs CPU of this process per record",
+        done.days,
+        wall.as_secs_f64(),
+        done.days as f64 / wall.as_secs_f64(),
+        spent.as_secs_f64() * 1e6 / records as f64
+    );
+    let (t, c) = (Instant::now(), cpu());
+    let again = import::read_all(store, text.as_bytes(), &rules(), &options, &hidden)
+        .await
+        .unwrap();
+    let wall2 = t.elapsed();
+    println!(
+        "{name}: the same file again (every counter exists): {:.0} records/s; {:.1} µs CPU per record",
+        again.counters as f64 / wall2.as_secs_f64(),
+        (cpu() - c).as_secs_f64() * 1e6 / records as f64
+    );
+    let (t, c) = (Instant::now(), cpu());
+    let mut out = Vec::with_capacity(text.len());
+    export::write_all(store, &mut out, rules().oldest_day(), &hidden)
+        .await
+        .unwrap();
+    let wall3 = t.elapsed();
+    assert_eq!(out.len(), text.len());
+    println!(
+        "{name}: export: {:.0} records/s; {:.1} µs CPU per record",
+        records as f64 / wall3.as_secs_f64(),
+        (cpu() - c).as_secs_f64() * 1e6 / records as f64
+    );
+    rate
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: cargo test --release --test bench_transfer -- --ignored --nocapture"]
+async fn bench_import_and_export() {
+    let records = env("BENCH_RECORDS", 20_000);
+    let days = env("BENCH_DAYS", 30);
+    let text = file(records, days);
+    let clock = ManualClock::new(common::test_now()).clock();
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = SqliteStore::open(
+        dir.path(),
+        Durability::Full,
+        Duration::from_secs(7 * 86_400),
+        400,
+        clock.clone(),
+    )
+    .unwrap();
+    let embedded = measure("embedded (fsync'd)", &sqlite, &text, records).await;
+    let Ok(url) = std::env::var("ELASTICSEARCH_URL") else {
+        println!("elasticsearch: not measured (set ELASTICSEARCH_URL)");
+        return;
+    };
+    let prefix = format!("cg-bench-{}", std::process::id());
+    let cfg = EsConfig::new(&url, &prefix, "default").unwrap();
+    let es = ElasticsearchStore::open(cfg, clock, true).await.unwrap();
+    let rate = measure("elasticsearch", &es, &text, records).await;
+    println!(
+        "elasticsearch imports at {:.2}x the embedded store's rate",
+        rate / embedded
+    );
+    let http = reqwest::Client::new();
+    let indices: serde_json::Value = http
+        .get(format!("{url}/_cat/indices/{prefix}_*?format=json&h=index"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap_or_default();
+    for i in indices.as_array().into_iter().flatten() {
+        let _ = http
+            .delete(format!("{url}/{}", i["index"].as_str().unwrap_or("none")))
+            .send()
+            .await;
+    }
+}
