@@ -515,6 +515,54 @@ mod tests {
     }
 
     #[test]
+    fn the_transfer_commands_take_the_store_flags_of_serve() {
+        let cli = Cli::try_parse_from([
+            "counter-gateway",
+            "import",
+            "--data-dir",
+            "/d",
+            "--retention-days",
+            "30",
+            "--tenant",
+            "acme",
+            "--checkpoint",
+            "c",
+            "--batch-size",
+            "10",
+        ])
+        .unwrap();
+        let Command::Import(a) = cli.command else {
+            panic!("not an import")
+        };
+        assert_eq!(a.store.data_dir, PathBuf::from("/d"));
+        assert_eq!(a.store.time_policy().retention_days, 30);
+        assert_eq!(
+            (a.tenant.as_str(), a.batch_size, a.from_line),
+            ("acme", 10, 1)
+        );
+        assert_eq!(a.checkpoint, Some(PathBuf::from("c")));
+        assert!(Cli::try_parse_from(["counter-gateway", "import", "--batch-size", "0"]).is_err());
+        let cli = Cli::try_parse_from(["counter-gateway", "export"]).unwrap();
+        let Command::Export(a) = cli.command else {
+            panic!("not an export")
+        };
+        assert_eq!((a.tenant.as_str(), a.output), ("default", None));
+        assert_eq!(a.store.elasticsearch.url, None);
+        let cli = Cli::try_parse_from([
+            "counter-gateway",
+            "migrate",
+            "--elasticsearch-url",
+            "http://es:9200",
+        ])
+        .unwrap();
+        let Command::Migrate(a) = cli.command else {
+            panic!("not a migrate")
+        };
+        assert_eq!(a.store.data_dir, PathBuf::from("./data"));
+        assert!(a.store.validate().is_ok());
+    }
+
+    #[test]
     fn the_counters_cache_max_age_is_whole_seconds_or_absent() {
         assert_eq!(parse(&[]).counters_cache_max_age, None);
         let a = parse(&["--counters-cache-max-age", "1m"]);

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::path::Path;
 
-use super::{export, format, import, open_elasticsearch, open_embedded, progress};
+use super::{export, format, import, open_elasticsearch, open_embedded, progress, Unit};
 use crate::config::StoreArgs;
 use crate::domain::{format_day, Clock, CounterKey};
 use crate::store::{AverageHistory, CounterHistory, Store};
@@ -357,7 +357,7 @@ pub async fn run(args: &StoreArgs, clock: Clock) -> Result<(), String> {
         let to = open_elasticsearch(args, tenant, false, clock.clone())
             .await?
             .ok_or("no --elasticsearch-url")?;
-        let bar = progress(None);
+        let bar = progress(Unit::Bytes(None));
         bar.set_message(format!("tenant {tenant}"));
         let started = std::time::Instant::now();
         let copied = copy(&from, &to, &rules, &bar).await;

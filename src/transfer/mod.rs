@@ -26,19 +26,31 @@ use crate::store::sqlite::{SqliteStore, DB_FILE};
 use crate::store::Store;
 use crate::tenant::{validate_tenant, DEFAULT_TENANT};
 
+/// What a progress bar counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// Bytes read, of a total when the input's size is known.
+    Bytes(Option<u64>),
+    /// Records written.
+    Records,
+}
+
 /// A progress bar on stderr when it is a terminal (hidden otherwise, so
-/// logs and pipes get only the final count): bytes of `len` when known,
-/// else a spinner counting records.
-pub fn progress(len: Option<u64>) -> indicatif::ProgressBar {
+/// logs and pipes get only the final count).
+pub fn progress(unit: Unit) -> indicatif::ProgressBar {
     if !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
-    let (bar, template) = match len {
-        Some(n) => (
+    let (bar, template) = match unit {
+        Unit::Bytes(Some(n)) => (
             indicatif::ProgressBar::new(n),
             "{bar:30} {bytes}/{total_bytes} {msg} ({elapsed}, {eta} left)",
         ),
-        None => (
+        Unit::Bytes(None) => (
+            indicatif::ProgressBar::new_spinner(),
+            "{spinner} {bytes} read, {msg} ({elapsed}, {bytes_per_sec})",
+        ),
+        Unit::Records => (
             indicatif::ProgressBar::new_spinner(),
             "{spinner} {pos} records {msg} ({elapsed}, {per_sec})",
         ),
@@ -128,7 +140,7 @@ pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
         now: clock.now(),
         policy: args.store.time_policy(),
     };
-    let bar = progress(None);
+    let bar = progress(Unit::Records);
     let started = std::time::Instant::now();
     let target = args.output.filter(|p| p.as_os_str() != "-");
     let done = match &target {
@@ -196,7 +208,7 @@ pub async fn run_import(args: ImportArgs, clock: Clock) -> Result<(), String> {
                 .await
                 .map_err(|e| format!("--input {}: {e}", path.display()))?;
             let len = file.metadata().await.ok().map(|m| m.len());
-            let bar = progress(len);
+            let bar = progress(Unit::Bytes(len));
             let input = tokio::io::BufReader::with_capacity(1 << 20, file);
             (
                 import::read_all(&*store, input, &rules, &options, &bar).await,
@@ -204,7 +216,7 @@ pub async fn run_import(args: ImportArgs, clock: Clock) -> Result<(), String> {
             )
         }
         None => {
-            let bar = progress(None);
+            let bar = progress(Unit::Bytes(None));
             let input = tokio::io::BufReader::with_capacity(1 << 20, tokio::io::stdin());
             (
                 import::read_all(&*store, input, &rules, &options, &bar).await,
