@@ -140,7 +140,8 @@ fn sample(n: usize, seed: i64) -> String {
             })
             .collect();
         let value = days.iter().map(|b| b.value).sum::<i64>() + (i as i64 % 4) * 100;
-        let recorded = days.first().map_or(0, |b| b.day * 86_400_000) + 3_600_000;
+        // The start of its latest day: never ahead of the clock, at any hour.
+        let recorded = days.first().map_or(0, |b| b.day * 86_400_000);
         text.push_str(&format::counter_line(&CounterHistory {
             counter: Counter {
                 key: CounterKey::new(["VIDEO", "ARTICLE"][i % 2], "VIEW", &uuid).unwrap(),
