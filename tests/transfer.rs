@@ -668,3 +668,89 @@ fn the_commands_round_trip_a_file_and_fail_on_a_bad_line() {
         "{stderr}"
     );
 }
+
+/// The import command killed with SIGKILL mid-file, then run again with the
+/// same checkpoint: it resumes after the last batch it recorded (replaying
+/// at most what it applied after that: harmless, since import sets), and
+/// the store ends as one uninterrupted import leaves it. Dates are fixed in
+/// the past (the binary runs on the system clock).
+#[test]
+fn an_import_killed_mid_file_resumes_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let input = dir.path().join("in.ndjson");
+    let checkpoint = dir.path().join("in.checkpoint");
+    let mut text = format::header_line();
+    let records = 50_000;
+    for i in 0..records {
+        text.push_str(&format!(
+            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u{i:06}","value":{i},"before":{i},"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{{}}}}"#
+        ));
+        text.push('\n');
+    }
+    std::fs::write(&input, &text).unwrap();
+    let bin = env!("CARGO_BIN_EXE_counter-gateway");
+    let args = [
+        "import",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--batch-size",
+        "50",
+    ];
+    let mut child = std::process::Command::new(bin)
+        .args(args)
+        .env_remove("COUNTER_GATEWAY_ELASTICSEARCH_URL")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it once a few batches are recorded, before it can finish.
+    let started = std::time::Instant::now();
+    let recorded = loop {
+        let line = std::fs::read_to_string(&checkpoint)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v["line"].as_u64());
+        if let Some(l) = line.filter(|&l| l > 500) {
+            break l;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the import finished before it could be killed"
+        );
+        assert!(started.elapsed() < Duration::from_secs(120), "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // SIGKILL: no chance to tidy up.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let at_kill: Value =
+        serde_json::from_str(&std::fs::read_to_string(&checkpoint).unwrap()).unwrap();
+    let resume_after = at_kill["line"].as_u64().unwrap();
+    assert!(resume_after >= recorded && resume_after < records as u64 + 1);
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .env_remove("COUNTER_GATEWAY_ELASTICSEARCH_URL")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("resuming after line {resume_after}")),
+        "{stderr}"
+    );
+    assert!(!checkpoint.exists());
+    let out = std::process::Command::new(bin)
+        .args(["export", "--data-dir", data.to_str().unwrap()])
+        .env_remove("COUNTER_GATEWAY_ELASTICSEARCH_URL")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8(out.stdout).unwrap() == text,
+        "the store after the resumed import differs from the file"
+    );
+}
