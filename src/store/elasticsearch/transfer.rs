@@ -426,7 +426,9 @@ impl ElasticsearchStore {
             .filter(|(_, (c, _))| c.version.is_some())
             .map(|(&i, _)| counters[i].key.doc_id())
             .collect();
-        let mut others: HashMap<String, Vec<(i64, Value)>> = HashMap::new();
+        // Per counter: (day, value, the set its bucket names), no more of
+        // the document, so a batch of counters with long histories stays small.
+        let mut others: HashMap<String, Vec<(i64, i64, Option<String>)>> = HashMap::new();
         if !existing.is_empty() {
             self.refresh_tenant(&names.buckets_pattern()).await?;
             self.buckets_of(
@@ -434,7 +436,11 @@ impl ElasticsearchStore {
                 &existing,
                 oldest_day,
                 &["value", "last_set"],
-                |id, day, source| days_of(&mut others, id).push((day, source.clone())),
+                |id, day, source| {
+                    let value = int(source.get("value")).unwrap_or(0);
+                    let set = source.pointer("/last_set/id").and_then(Value::as_str);
+                    days_of(&mut others, id).push((day, value, set.map(String::from)));
+                },
             )
             .await?;
         }
@@ -450,14 +456,14 @@ impl ElasticsearchStore {
                 .and_then(Value::as_object)
                 .cloned()
                 .unwrap_or_default();
-            for (day, source) in others.remove(&cid).unwrap_or_default() {
+            for (day, value, set) in others.remove(&cid).unwrap_or_default() {
                 if named.contains(&day) {
                     continue;
                 }
-                total += i128::from(int(source.get("value")).unwrap_or(0));
+                total += i128::from(value);
                 // A set its counter may not have applied: the total above
                 // has it (it is in the bucket), so it counts as applied.
-                if let Some(id) = source.pointer("/last_set/id").and_then(Value::as_str) {
+                if let Some(id) = set {
                     set_days.insert(crate::domain::format_day(day), json!(id));
                 }
             }
@@ -543,7 +549,7 @@ impl ElasticsearchStore {
             .filter(|(_, (a, _))| a.version.is_some())
             .map(|(&i, _)| averages[i].key.doc_id())
             .collect();
-        let mut others: HashMap<String, Vec<(i64, Value)>> = HashMap::new();
+        let mut others: HashMap<String, Vec<(i64, i64, i64)>> = HashMap::new();
         if !existing.is_empty() {
             let pattern = names.average_buckets_pattern();
             self.refresh_tenant(&pattern).await?;
@@ -552,7 +558,11 @@ impl ElasticsearchStore {
                 &existing,
                 oldest_day,
                 &["sum", "quantity"],
-                |id, day, source| days_of(&mut others, id).push((day, source.clone())),
+                |id, day, source| {
+                    let sum = int(source.get("sum")).unwrap_or(0);
+                    let quantity = int(source.get("quantity")).unwrap_or(0);
+                    days_of(&mut others, id).push((day, sum, quantity));
+                },
             )
             .await?;
         }
@@ -564,10 +574,10 @@ impl ElasticsearchStore {
             let mut sum = a.before_sum + a.days.iter().map(|b| i128::from(b.sum)).sum::<i128>();
             let mut quantity =
                 a.before_quantity + a.days.iter().map(|b| i128::from(b.quantity)).sum::<i128>();
-            for (day, source) in others.remove(&cid).unwrap_or_default() {
+            for (day, s, q) in others.remove(&cid).unwrap_or_default() {
                 if !named.contains(&day) {
-                    sum += i128::from(int(source.get("sum")).unwrap_or(0));
-                    quantity += i128::from(int(source.get("quantity")).unwrap_or(0));
+                    sum += i128::from(s);
+                    quantity += i128::from(q);
                 }
             }
             let (Ok(sum), Ok(quantity)) = (i64::try_from(sum), i64::try_from(quantity)) else {
