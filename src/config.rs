@@ -121,7 +121,7 @@ pub struct MigrateArgs {
 /// `migrate`), so each reads the store as the gateway does.
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
-    /// Directory of the embedded store; created if missing.
+    /// Directory of the embedded store; created if missing (by `serve` and `import`).
     #[arg(long, env = "COUNTER_GATEWAY_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
 
