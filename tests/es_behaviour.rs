@@ -197,6 +197,103 @@ fn run_script(src: &mut Map<String, Value>, p: &Value, bucket: bool) -> Result<(
     Ok(())
 }
 
+/// What `actor-mark.painless` does to a mark, in Rust.
+enum MarkRun {
+    /// `ctx.op = 'none'`.
+    Noop,
+    /// The document is written as `src` now is.
+    Write,
+    /// `ctx.op = 'delete'`.
+    Delete,
+}
+
+/// What `actor-mark.painless` does, in Rust: add, take and set, with the
+/// token, the stale retraction and the remembered ids.
+fn run_mark_script(src: &mut Map<String, Value>, p: &Value) -> MarkRun {
+    let now = p["now_ms"].as_i64().unwrap();
+    let mut seen = src
+        .get("event_ids")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let token = p["token"].as_str();
+    let mine = src.get("token").and_then(Value::as_str).is_some()
+        && src.get("token").and_then(Value::as_str) == token;
+    let store_ids = |src: &mut Map<String, Value>, seen: Map<String, Value>| {
+        if seen.is_empty() {
+            src.remove("event_ids");
+        } else {
+            src.insert("event_ids".into(), Value::Object(seen));
+        }
+    };
+    if p["op"] == "set" {
+        let mut changed = false;
+        for id in p["forget"].as_array().into_iter().flatten() {
+            changed |= seen.remove(id.as_str().unwrap()).is_some();
+        }
+        if let Some(state) = p["state"].as_str() {
+            if mine && src.get("state").and_then(Value::as_str) != Some(state) {
+                src.insert("state".into(), json!(state));
+                src.insert("since".into(), json!(now));
+                changed = true;
+            }
+        }
+        if !changed || !src.contains_key("counter_id") {
+            return MarkRun::Noop;
+        }
+        if src.get("state").and_then(Value::as_str) == Some("off") && seen.is_empty() {
+            return MarkRun::Delete;
+        }
+        store_ids(src, seen);
+        return MarkRun::Write;
+    }
+    let mut state = src
+        .get("state")
+        .and_then(Value::as_str)
+        .unwrap_or("off")
+        .to_string();
+    let since = src.get("since").and_then(Value::as_i64);
+    if state == "retracting"
+        && !mine
+        && since.is_some_and(|s| now - s > p["stale_ms"].as_i64().unwrap())
+    {
+        state = "counted".into();
+    }
+    let id = p["id"].as_str();
+    if id.is_some_and(|id| seen.contains_key(id)) {
+        return MarkRun::Noop;
+    }
+    let mut outcome = "repeat";
+    if p["op"] == "add" && (state == "off" || (state == "retracting" && mine)) {
+        outcome = "counted";
+        state = "counted".into();
+    } else if p["op"] == "take" && state == "counted" {
+        outcome = "counted";
+        state = "retracting".into();
+    }
+    if outcome == "repeat" && id.is_none() {
+        return MarkRun::Noop;
+    }
+    if !src.contains_key("counter_id") {
+        src.insert("counter_id".into(), p["counter_id"].clone());
+        src.insert("scope".into(), p["scope"].clone());
+        if !p["day"].is_null() {
+            src.insert("day".into(), p["day"].clone());
+        }
+    }
+    if let Some(id) = id {
+        seen.insert(id.into(), json!(now));
+    }
+    if outcome == "counted" {
+        src.insert("token".into(), json!(token));
+        src.insert("since".into(), json!(now));
+    }
+    src.insert("state".into(), json!(state));
+    src.insert("outcome".into(), json!(outcome));
+    store_ids(src, seen);
+    MarkRun::Write
+}
+
 /// What `counter-set.painless` does, in Rust: a set's difference applied
 /// once per set id and day, the touch at the day's start. `Ok(false)`: the
 /// set was applied before (a noop).
@@ -717,6 +814,36 @@ impl Fake {
             let existed = st.docs.contains_key(&key);
             let mut src = st.docs.get(&key).cloned().unwrap_or_default();
             let params = &payload["script"]["params"];
+            if index.contains("_actor_") {
+                assert!(meta["routing"].is_string(), "mark items are routed");
+                let result = match run_mark_script(&mut src, params) {
+                    MarkRun::Noop => "noop",
+                    MarkRun::Delete => {
+                        st.docs.remove(&key);
+                        st.bump(&key);
+                        "deleted"
+                    }
+                    MarkRun::Write => {
+                        st.bump(&key);
+                        st.docs.insert(key.clone(), src.clone());
+                        st.indices.insert(index.clone());
+                        if existed {
+                            "updated"
+                        } else {
+                            "created"
+                        }
+                    }
+                };
+                let got = filtered(&src, &payload["_source"]["includes"]);
+                items.push(json!({"update": {
+                    "_index": index, "_id": id, "_version": 1, "result": result,
+                    "_shards": {"total": 2, "successful": 1, "failed": 0},
+                    "_seq_no": call, "_primary_term": 1,
+                    "status": if result == "created" { 201 } else { 200 },
+                    "get": {"_seq_no": call, "_primary_term": 1, "found": existed || result == "created", "_source": got}
+                }}));
+                continue;
+            }
             let ran = if average {
                 run_average_script(&mut src, params, bucket)
             } else {
@@ -984,10 +1111,10 @@ impl Fake {
                     !cid.as_str().unwrap().contains(','),
                     "bucket deletes are routed by counter id: {query}"
                 );
-                let prefix = pattern.trim_end_matches('*').to_string();
                 let before = st.docs.len();
+                let target = pattern.to_string();
                 st.docs
-                    .retain(|(i, _), s| !(i.starts_with(&prefix) && s["counter_id"] == cid));
+                    .retain(|(i, _), s| !(index_matches(&target, i) && s["counter_id"] == cid));
                 let mut f = fixture("delete_by_query.json");
                 let deleted = before - st.docs.len();
                 f["deleted"] = json!(deleted);
@@ -1109,6 +1236,7 @@ fn app_with_clock(store: Arc<ElasticsearchStore>, clock: Clock) -> Router {
         clock,
         limits: Limits::default(),
         metrics,
+        actors: runner::actors(),
     })
 }
 
@@ -1728,17 +1856,20 @@ async fn setup_installs_every_object_in_order() {
     let addr = fake.start().await;
     let store = store_at(&format!("http://{addr}"));
     let report = store.setup().await.unwrap();
-    // Five stored scripts (counter, bucket, average, average bucket,
-    // counter set), the ILM policy, five component and four index templates.
-    assert_eq!(report.installed.len(), 15);
+    // Six stored scripts (counter, bucket, average, average bucket,
+    // counter set, actor mark), the ILM policy, six component and six
+    // index templates.
+    assert_eq!(report.installed.len(), 19);
     let calls = fake.0.lock().unwrap().calls.clone();
     let puts: Vec<_> = calls.iter().filter(|c| c.starts_with("PUT")).collect();
-    assert_eq!(puts.len(), 15);
+    assert_eq!(puts.len(), 19);
     assert!(puts[0].starts_with("PUT /_scripts/counter-gateway-counter-update-v1"));
     assert!(puts[2].starts_with("PUT /_scripts/counter-gateway-average-update-v1"));
     assert!(puts[3].starts_with("PUT /_scripts/counter-gateway-average-bucket-update-v1"));
     assert!(puts[4].starts_with("PUT /_scripts/counter-gateway-counter-set-v1"));
-    assert!(puts[14].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
+    assert!(puts[5].starts_with("PUT /_scripts/counter-gateway-actor-mark-v1"));
+    assert!(puts[16].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
+    assert!(puts[18].starts_with("PUT /_index_template/counter-gateway-actor_day_marks"));
 }
 
 #[tokio::test]
@@ -1796,6 +1927,7 @@ async fn bulk_items_are_bounded_by_distinct_keys_not_requests() {
         clock: clock(),
         limits: Limits::default(),
         metrics,
+        actors: Default::default(),
     });
     let mut tasks = Vec::new();
     for i in 0..300 {

@@ -176,6 +176,7 @@ fn router_with(store: Arc<dyn Store>, clock: Clock, config: PipelineConfig) -> R
         clock,
         limits: Limits::default(),
         metrics,
+        actors: runner::actors(),
     })
 }
 

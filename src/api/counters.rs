@@ -8,34 +8,70 @@ use super::extract::{parse_json, JsonBytes, PathParams};
 use super::model::{IncrementBody, KeyPath};
 use super::openapi::{NotFound, Overflow};
 use super::AppState;
-use crate::domain::{Counter, Increment};
+use crate::actors::Asks;
+use crate::domain::{Counter, Increment, Interner};
 use crate::error::ApiError;
+
+/// A counter after an increment or decrement, and whether this request
+/// changed it.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Incremented {
+    #[serde(flatten)]
+    counter: Counter,
+    /// `false` when this request was not counted: its `id` was counted
+    /// before, or (`unique`) its actor was counted already or, for a
+    /// decrement, had no earlier count to take back.
+    counted: bool,
+    /// Why it was not counted; absent when it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    skipped: Option<Skipped>,
+}
+
+/// Why a write was not counted.
+#[derive(Clone, Copy, Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Skipped {
+    /// Its idempotency `id` was counted before.
+    Duplicate,
+    /// `unique`: its actor was counted already (or had nothing to take back).
+    Repeat,
+}
+
+/// Takes what a request asks of the limits per actor, or refuses it whole
+/// (429 `throttled`), before anything of it is queued.
+pub(super) fn take_limits(app: &AppState, asks: &Asks) -> Result<(), ApiError> {
+    app.actors.take(asks, app.clock.now_ms()).map_err(|t| {
+        app.metrics.record_throttled();
+        ApiError::from(t)
+    })
+}
 
 #[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/increment",
     summary = "Add `count` (default 1) to a counter; answers it after the write is durable",
     params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content(
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = Counter), NotFound, Overflow))]
+    responses((status = 200, description = "Success", body = Incremented), NotFound, Overflow))]
 pub async fn increment(
     Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
-) -> Result<Json<Counter>, ApiError> {
+) -> Result<Json<Incremented>, ApiError> {
     add(app, path, body, false).await
 }
 
 #[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/decrement",
-    summary = "Subtract `count` (default 1) from a counter",
+    summary = "Subtract `count` (default 1) from a counter; with `unique: ever`, take back the actor's like",
     params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content(
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = Counter), NotFound, Overflow))]
+    responses((status = 200, description = "Success", body = Incremented), NotFound, Overflow))]
 pub async fn decrement(
     Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
-) -> Result<Json<Counter>, ApiError> {
+) -> Result<Json<Incremented>, ApiError> {
     add(app, path, body, true).await
 }
 
@@ -44,7 +80,7 @@ async fn add(
     path: KeyPath,
     body: axum::body::Bytes,
     negate: bool,
-) -> Result<Json<Counter>, ApiError> {
+) -> Result<Json<Incremented>, ApiError> {
     app.pipeline.admit()?;
     let parsed: IncrementBody = if body.iter().all(u8::is_ascii_whitespace) {
         IncrementBody::default()
@@ -52,24 +88,51 @@ async fn add(
         parse_json(&body)?
     };
     let spec = parsed.spec(&path.entity, &path.action, &path.uuid, negate);
-    let inc = Increment::from_spec(&spec, &app.time_policy, app.clock.now())
-        .map_err(ApiError::BadRequest)?;
+    let inc = Increment::from_event(
+        &spec,
+        &app.time_policy,
+        app.clock.now(),
+        &mut Interner::default(),
+        &app.actors.key,
+    )
+    .map_err(ApiError::BadRequest)?;
+    let mut asks = Asks::default();
+    app.actors
+        .ask(&mut asks, 0, &inc.key, spec.actor, inc.delta);
+    take_limits(&app, &asks)?;
     let key = inc.key.clone();
     // The queue's bound in bytes counts the increment, not the body (up to
     // --max-body-bytes of white space): it is not held while the write waits.
     drop(parsed);
     drop(body);
     let applied = app.pipeline.submit(vec![inc], Some(key.clone())).await?;
-    match applied.counter {
-        Some(c) => Ok(Json(c)),
-        // A duplicate id changes nothing: answer the counter as it stands.
-        None => app
-            .store
-            .get(&key)
-            .await?
-            .map(Json)
-            .ok_or_else(|| ApiError::NotFound(format!("counter {key} has never been counted"))),
-    }
+    app.metrics.record_repeats(applied.repeats);
+    let skipped = if applied.duplicates > 0 {
+        Some(Skipped::Duplicate)
+    } else if applied.repeats > 0 {
+        Some(Skipped::Repeat)
+    } else {
+        None
+    };
+    let counter = match applied.counter {
+        Some(c) => c,
+        // Not counted: nothing changed, the counter is answered as it stands.
+        None => app.store.get(&key).await?.ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "counter {key} has never been counted{}",
+                if skipped.is_some() {
+                    " (this request had nothing to take back)"
+                } else {
+                    ""
+                }
+            ))
+        })?,
+    };
+    Ok(Json(Incremented {
+        counter,
+        counted: skipped.is_none(),
+        skipped,
+    }))
 }
 
 #[utoipa::path(get, path = "/v1/counters/{entity}/{action}/{uuid}",

@@ -94,6 +94,25 @@ impl IndexNames {
         )
     }
 
+    /// The index of `ever` actor marks (likes).
+    pub fn actor_marks(&self) -> String {
+        self.collection("actor_marks")
+    }
+
+    /// The monthly index of `day` actor marks (views) of UTC day `day`.
+    pub fn actor_day_marks(&self, day: i64) -> String {
+        format!("{}-{}", self.collection("actor_day_marks"), month_of(day))
+    }
+
+    /// Every index of actor marks of this tenant (a counter's delete).
+    pub fn actor_marks_pattern(&self) -> String {
+        format!(
+            "{},{}-*",
+            self.collection("actor_marks"),
+            self.collection("actor_day_marks")
+        )
+    }
+
     /// The bucket indices a read of `window` must search: the monthly
     /// indices it overlaps, comma-separated, so a week reads one or two
     /// indices rather than every month kept. Past [`MAX_NAMED_MONTHS`] months
@@ -180,6 +199,30 @@ pub fn bucket_doc_id(counter_id: &str, day: i64) -> String {
             let _ = write!(hex, "{b:02x}");
         }
         format!("sha256:{hex}@{date}")
+    }
+}
+
+/// The `_id` of an actor mark: `<counter id>@<mark>` (`ever`), with
+/// `@YYYY-MM-DD` for a day mark; as for buckets, the counter id is replaced
+/// by its SHA-256 when the id would pass 512 bytes.
+pub fn mark_doc_id(counter_id: &str, mark: &str, day: Option<i64>) -> String {
+    let date = day.map(|d| {
+        day_start(d)
+            .map(|t| t.format("%Y-%m-%d").to_string())
+            .unwrap_or_else(|| d.to_string())
+    });
+    let suffix = match &date {
+        Some(d) => format!("@{mark}@{d}"),
+        None => format!("@{mark}"),
+    };
+    if counter_id.len() + suffix.len() <= MAX_DOC_ID_BYTES {
+        format!("{counter_id}{suffix}")
+    } else {
+        let mut hex = String::with_capacity(64);
+        for b in sha256(counter_id.as_bytes()) {
+            let _ = write!(hex, "{b:02x}");
+        }
+        format!("sha256:{hex}{suffix}")
     }
 }
 
