@@ -234,6 +234,12 @@ impl TestApp {
         (self.dir, self.options)
     }
 
+    /// Starts over an existing data directory (one [`TestApp::stop`]
+    /// returned), with other options.
+    pub async fn start_in_dir(dir: Arc<TempDir>, options: Options) -> TestApp {
+        Self::start_in(dir, options, |s| s).await
+    }
+
     /// Stops this app and starts a new one (new store, pipeline, listener)
     /// over the same data directory.
     pub async fn restart(self) -> TestApp {

@@ -315,7 +315,7 @@ impl ElasticsearchStore {
             p.insert("token".into(), json!(token));
             p.insert("now_ms".into(), json!(now_ms));
             let routing = m.action.routing.as_deref().unwrap_or_default();
-            settles.push(mark_action(&m.doc.0, &m.doc.1, routing, &script, p));
+            settles.push(settle_action(&m.doc.0, &m.doc.1, routing, &script, p));
         }
         if !settles.is_empty() {
             let (results, n) = self
@@ -382,8 +382,24 @@ impl ElasticsearchStore {
 }
 
 /// One scripted upsert of a mark, routed by its counter, asking back the
-/// outcome the script wrote.
+/// outcome the script wrote (an `add` or a `take`: step 1).
 fn mark_action(
+    index: &str,
+    id: &str,
+    counter_id: &str,
+    script: &str,
+    params: Map<String, Value>,
+) -> BulkAction {
+    let mut a = settle_action(index, id, counter_id, script, params);
+    a.body["_source"] = json!({"includes": ["outcome"]});
+    a
+}
+
+/// A mark's update without asking anything back (a `set`: step 3). It may
+/// delete the mark, and OpenSearch 2.19 answers an update that deletes its
+/// document while asking for `_source` with a 500 (a null pointer where
+/// the source would be), which no retry cures.
+fn settle_action(
     index: &str,
     id: &str,
     counter_id: &str,
@@ -398,7 +414,6 @@ fn mark_action(
             "scripted_upsert": true,
             "upsert": {},
             "script": {"id": script, "params": Value::Object(params)},
-            "_source": {"includes": ["outcome"]},
         }),
     }
 }
