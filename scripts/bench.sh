@@ -100,6 +100,22 @@ printf '\nincrements flushed %s, store writes %s (coalescing ratio %s increments
   "$flushed" "$writes" "$(ratio "$flushed" "$writes")"
 fi
 
+# --- Once per actor (issue 10): single increments with `unique: "day"` against
+# plain single increments, each load right after the other in this run (the
+# database has grown by then, so plain increments are measured again here):
+# a new actor per request (every one counts: a mark inserted with its count)
+# and one of 100 actors per key (mostly repeats: a mark found, nothing written
+# but the mark's lookup).
+if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = embedded ]; then
+  plain=$(wrk_rps plain -s scripts/bench/increment.lua "$base")
+  uniq_new=$(wrk_rps unique-new -s scripts/bench/unique.lua "$base" -- new)
+  uniq_rep=$(wrk_rps unique-repeat -s scripts/bench/unique.lua "$base" -- repeat)
+  printf '\n%-48s %14s %10s %9s\n' "once per actor (fsync'd, 10k keys)" "per second" "p99" "/ plain"
+  printf '%-48s %14.0f %10s %9s\n' "POST single increment, plain" "$plain" "$(p99 plain)" "1.00"
+  printf '%-48s %14.0f %10s %9s\n' "  with unique: day, a new actor each" "$uniq_new" "$(p99 unique-new)" "$(ratio "$uniq_new" "$plain")"
+  printf '%-48s %14.0f %10s %9s\n' "  with unique: day, 100 actors (repeats)" "$uniq_rep" "$(p99 unique-repeat)" "$(ratio "$uniq_rep" "$plain")"
+fi
+
 # Elasticsearch write path (SPEC §5, issue 3): a second gateway writes to
 # scripts/bench/es_sink.py, a local load sink answering _bulk as Elasticsearch
 # does (every item successful) and counting bulk requests, items and the
