@@ -237,3 +237,55 @@ async fn start_up_refuses_a_limit_that_does_not_parse_or_a_short_secret() {
         .join(counter_gateway::store::sqlite::DB_FILE)
         .exists());
 }
+
+/// A single increment that was a repeat (or a duplicate id) is answered
+/// from its own flush: the store reads the wanted counter in the flush's
+/// transaction, so the request needs no read of its own afterwards.
+#[tokio::test]
+async fn a_repeat_is_answered_from_its_own_flush() {
+    use counter_gateway::domain::{ActorKey, CounterKey, Increment, IncrementSpec, Interner};
+    use counter_gateway::store::sqlite::{Durability, SqliteStore};
+    use counter_gateway::store::{Store, WriteBatch};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = counter_gateway::domain::ManualClock::new(common::test_now());
+    let store = SqliteStore::open(
+        dir.path(),
+        Durability::Relaxed,
+        Duration::from_secs(3600),
+        400,
+        clock.clock(),
+    )
+    .unwrap();
+    let secret = ActorKey::new(b"0123456789abcdef").unwrap();
+    let like = |id: Option<&'static str>| {
+        let spec = IncrementSpec {
+            entity: "ARTICLE",
+            action: "like",
+            uuid: "a1",
+            actor: Some("alice"),
+            unique: Some("ever"),
+            id,
+            ..Default::default()
+        };
+        Increment::from_event(
+            &spec,
+            &Default::default(),
+            common::test_now(),
+            &mut Interner::default(),
+            &secret,
+        )
+        .unwrap()
+    };
+    let key = CounterKey::new("ARTICLE", "like", "a1").unwrap();
+    let flush = |inc: Increment| WriteBatch {
+        requests: vec![vec![inc]],
+        wanted: [key.clone()].into(),
+    };
+    let out = store.apply(flush(like(Some("x")))).await.unwrap();
+    assert_eq!(out.counters[&key].value, 1);
+    for again in [like(None), like(Some("x"))] {
+        let out = store.apply(flush(again)).await.unwrap();
+        assert_eq!(out.counters[&key].value, 1, "{out:?}");
+        assert_eq!(out.store_writes, 0, "nothing written: {out:?}");
+    }
+}

@@ -3,8 +3,9 @@
 -- scripts/bench.sh:
 --
 --   wrk -s scripts/bench/unique.lua URL -- new      # a new actor per request: each counts
---   wrk -s scripts/bench/unique.lua URL -- repeat   # one of 100 actors per key: mostly repeats
-local keys, actors = 10000, 100
+--   wrk -s scripts/bench/unique.lua URL -- repeat   # one actor per key: once each key has
+--                                                   # been seen, every request is a repeat
+local keys = 10000
 local mode = "new"
 local next_id = 0
 setup = function(thread)
@@ -20,13 +21,13 @@ end
 local n = 0
 request = function()
   n = n + 1
-  local actor
+  local key, actor = math.random(keys), nil
   if mode == "repeat" then
-    actor = "visitor-" .. math.random(actors)
+    actor = "visitor-of-" .. key
   else
     actor = string.format("visitor-%d-%d", thread_id or 0, n)
   end
   local body = string.format('{"actor":"%s","unique":"day"}', actor)
-  return wrk.format("POST", "/v1/counters/VIDEO/VIEW/item-" .. math.random(keys) .. "/increment",
+  return wrk.format("POST", "/v1/counters/VIDEO/VIEW/item-" .. key .. "/increment",
     { ["Content-Type"] = "application/json" }, body)
 end

@@ -829,6 +829,7 @@ fn apply_coalesced(
     {
         return Ok(None);
     }
+    multiget::unwritten_wanted(&tx, &batch.wanted, &mut out.counters)?;
     tx.commit().map_err(internal)?;
     Ok(Some(out))
 }
@@ -873,6 +874,7 @@ fn apply_one_by_one(
             }
         }
     }
+    multiget::unwritten_wanted(&tx, &batch.wanted, &mut out.counters)?;
     tx.commit().map_err(internal)?;
     Ok(out)
 }
