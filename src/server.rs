@@ -107,6 +107,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         rate_limit_per_second = ?args.rate_limit_per_second,
         request_timeout = ?args.request_timeout,
         max_tenants = args.max_tenants,
+        actor_limits = args.actor_limits.len(),
         "access"
     );
     let gateway = Gateway {

@@ -773,6 +773,24 @@ mod tests {
     }
 
     #[test]
+    fn mark_ids_stay_within_512_bytes_and_never_hold_the_actor() {
+        let mark = "0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            mark_doc_id("ARTICLE_like_a1", mark, None),
+            format!("ARTICLE_like_a1@{mark}")
+        );
+        assert_eq!(
+            mark_doc_id("ARTICLE_VIEW_a1", mark, Some(20_787)),
+            format!("ARTICLE_VIEW_a1@{mark}@2026-11-30")
+        );
+        let long = "x".repeat(500);
+        let id = mark_doc_id(&long, mark, Some(20_787));
+        assert!(id.starts_with("sha256:") && id.len() <= 512, "{id}");
+        assert!(id.ends_with(&format!("@{mark}@2026-11-30")));
+        assert_ne!(id, mark_doc_id(&"y".repeat(500), mark, Some(20_787)));
+    }
+
+    #[test]
     fn path_segments_are_escaped() {
         assert_eq!(encode_path_segment("a/b?c%5F d"), "a%2Fb%3Fc%255F%20d");
         assert_eq!(encode_path_segment("VIDEO_VIEW_1-2"), "VIDEO_VIEW_1-2");
