@@ -9,15 +9,33 @@ use super::model::{IncrementBody, KeyPath};
 use super::openapi::{NotFound, Overflow};
 use super::AppState;
 use crate::actors::Asks;
-use crate::domain::{Counter, Increment, Interner};
+use crate::domain::{format_ms, Counter, CounterKey, Increment, Interner};
 use crate::error::ApiError;
 
 /// A counter after an increment or decrement, and whether this request
-/// changed it.
+/// changed it. A request that was not counted may find no counter (an
+/// unlike of a counter nobody liked; on Elasticsearch, a repeat while the
+/// actor's first like is still on its way): the answer is then the key at
+/// value 0, without category and timestamps.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Incremented {
-    #[serde(flatten)]
-    counter: Counter,
+    /// The document id, `{entity}_{action}_{uuid}` with `_` and `%` escaped.
+    id: String,
+    entity: String,
+    action: String,
+    uuid: String,
+    value: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    category: Option<String>,
+    /// Absent only when no counter exists (see above).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, format = DateTime)]
+    first_timestamp: Option<String>,
+    /// Absent only when no counter exists (see above).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, format = DateTime)]
+    recorded_timestamp: Option<String>,
     /// `false` when this request was not counted: its `id` was counted
     /// before, or (`unique`) its actor was counted already or, for a
     /// decrement, had no earlier count to take back.
@@ -26,6 +44,32 @@ pub struct Incremented {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     skipped: Option<Skipped>,
+}
+
+impl Incremented {
+    fn new(key: &CounterKey, counter: Option<Counter>, skipped: Option<Skipped>) -> Incremented {
+        let (value, category, first, recorded) = match counter {
+            Some(c) => (
+                c.value,
+                c.category,
+                Some(format_ms(c.first_ms)),
+                Some(format_ms(c.recorded_ms)),
+            ),
+            None => (0, None, None, None),
+        };
+        Incremented {
+            id: key.doc_id(),
+            entity: key.entity.to_string(),
+            action: key.action.to_string(),
+            uuid: key.uuid.to_string(),
+            value,
+            category,
+            first_timestamp: first,
+            recorded_timestamp: recorded,
+            counted: skipped.is_none(),
+            skipped,
+        }
+    }
 }
 
 /// Why a write was not counted.
@@ -52,7 +96,7 @@ pub(super) fn take_limits(app: &AppState, asks: &Asks) -> Result<(), ApiError> {
     params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content(
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = Incremented), NotFound, Overflow))]
+    responses((status = 200, description = "Success", body = Incremented), Overflow))]
 pub async fn increment(
     Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
@@ -66,7 +110,7 @@ pub async fn increment(
     params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content(
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = Incremented), NotFound, Overflow))]
+    responses((status = 200, description = "Success", body = Incremented), Overflow))]
 pub async fn decrement(
     Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
@@ -115,24 +159,12 @@ async fn add(
         None
     };
     let counter = match applied.counter {
-        Some(c) => c,
-        // Not counted: nothing changed, the counter is answered as it stands.
-        None => app.store.get(&key).await?.ok_or_else(|| {
-            ApiError::NotFound(format!(
-                "counter {key} has never been counted{}",
-                if skipped.is_some() {
-                    " (this request had nothing to take back)"
-                } else {
-                    ""
-                }
-            ))
-        })?,
+        Some(c) => Some(c),
+        // Not read back by the flush (not counted, or a store that could
+        // not): the counter as it stands, if there is one.
+        None => app.store.get(&key).await?,
     };
-    Ok(Json(Incremented {
-        counter,
-        counted: skipped.is_none(),
-        skipped,
-    }))
+    Ok(Json(Incremented::new(&key, counter, skipped)))
 }
 
 #[utoipa::path(get, path = "/v1/counters/{entity}/{action}/{uuid}",
