@@ -100,6 +100,49 @@ printf '\nincrements flushed %s, store writes %s (coalescing ratio %s increments
   "$flushed" "$writes" "$(ratio "$flushed" "$writes")"
 fi
 
+# --- Once per actor (issue 10): single increments with `unique: "day"` against
+# plain single increments in this run. The database has grown by now, so plain
+# increments are measured again, before and after the two unique loads, and
+# their mean is the baseline (it brackets the machine's drift). "a new actor
+# each": every request counts (a mark inserted with its count); "repeats": one
+# actor per key, so once a key was seen its requests are repeats (a mark found,
+# nothing counted); the share of repeats is read from /metrics. The gateway's
+# CPU time per request (from /proc/<pid>/stat) is steadier than throughput on
+# a shared machine.
+if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = embedded ]; then
+  gw_pid=${pids[0]}
+  tck=$(getconf CLK_TCK)
+  ticks() { awk '{print $14 + $15}' "/proc/$gw_pid/stat"; }
+  # cpu_load LABEL WRK-ARGS...: prints requests/s and gateway CPU µs per request.
+  cpu_load() {
+    local label=$1; shift
+    local t0 t1 rps n
+    t0=$(ticks)
+    rps=$(wrk_rps "$label" "$@")
+    t1=$(ticks)
+    n=$(awk '/requests in/ {print $1}' "$work/wrk-$label.txt")
+    echo "$rps $(awk -v a="$t0" -v b="$t1" -v t="$tck" -v n="$n" 'BEGIN { if (n > 0) printf "%.1f", (b - a) / t * 1e6 / n; else print 0 }')"
+  }
+  read -r plain1 cpu_plain1 < <(cpu_load plain1 -s scripts/bench/increment.lua "$base")
+  read -r uniq_new cpu_new < <(cpu_load unique-new -s scripts/bench/unique.lua "$base" -- new)
+  repeats_before=$(curl -s "$base/metrics" | awk '/^counter_gateway_actor_repeats_total/ {print $2}')
+  read -r uniq_rep cpu_rep < <(cpu_load unique-repeat -s scripts/bench/unique.lua "$base" -- repeat)
+  repeats_after=$(curl -s "$base/metrics" | awk '/^counter_gateway_actor_repeats_total/ {print $2}')
+  read -r plain2 cpu_plain2 < <(cpu_load plain2 -s scripts/bench/increment.lua "$base")
+  plain=$(awk -v a="$plain1" -v b="$plain2" 'BEGIN {print (a + b) / 2}')
+  cpu_plain=$(awk -v a="$cpu_plain1" -v b="$cpu_plain2" 'BEGIN {print (a + b) / 2}')
+  rep_sent=$(awk '/requests in/ {print $1}' "$work/wrk-unique-repeat.txt")
+  rep_share=$(awk -v a="$repeats_before" -v b="$repeats_after" -v n="$rep_sent" \
+    'BEGIN { if (n > 0) printf "%.0f%%", 100 * (b - a) / n; else print "n/a" }')
+  printf '\n%-44s %10s %9s %9s %11s %9s\n' "once per actor (fsync'd, 10k keys)" "per second" "p99" "/ plain" "CPU us/req" "/ plain"
+  printf '%-44s %10.0f %9s %9s %11.1f %9s\n' "POST single increment, plain" "$plain" "$(p99 plain1)" "1.00" "$cpu_plain" "1.00"
+  printf '%-44s %10s %9s %9s %11s\n' "  plain before / after" "$plain1 / $plain2" "" "" "$cpu_plain1 / $cpu_plain2"
+  printf '%-44s %10.0f %9s %9s %11.1f %9s\n' "  unique: day, a new actor each" "$uniq_new" "$(p99 unique-new)" \
+    "$(ratio "$uniq_new" "$plain")" "$cpu_new" "$(ratio "$cpu_new" "$cpu_plain")"
+  printf '%-44s %10.0f %9s %9s %11.1f %9s\n' "  unique: day, repeats ($rep_share of requests)" "$uniq_rep" "$(p99 unique-repeat)" \
+    "$(ratio "$uniq_rep" "$plain")" "$cpu_rep" "$(ratio "$cpu_rep" "$cpu_plain")"
+fi
+
 # Elasticsearch write path (SPEC §5, issue 3): a second gateway writes to
 # scripts/bench/es_sink.py, a local load sink answering _bulk as Elasticsearch
 # does (every item successful) and counting bulk requests, items and the

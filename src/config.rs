@@ -301,6 +301,28 @@ pub struct ServeArgs {
     /// ETag on every use, so a page never shows a stale value).
     #[arg(long, env = "COUNTER_GATEWAY_COUNTERS_CACHE_MAX_AGE", value_parser = humantime::parse_duration)]
     pub counters_cache_max_age: Option<Duration>,
+
+    /// The secret actors are hashed with (HMAC-SHA256) before a store keeps
+    /// them, at least 16 bytes; needed for `unique` (once per actor). Every
+    /// gateway sharing an Elasticsearch cluster needs the same one; without
+    /// it, Elasticsearch refuses `unique` with 400, and the embedded store
+    /// makes one in `<data-dir>/actor-secret` on first start. Prefer the
+    /// environment variable: a flag shows in the process list.
+    #[arg(long, env = "COUNTER_GATEWAY_ACTOR_SECRET", hide_env_values = true)]
+    pub actor_secret: Option<String>,
+
+    /// A limit per actor, repeatable: `[<entity>/]<action>: <n> per [<k>]
+    /// <second|minute|hour|day> per actor`, e.g. `like: 10 per hour per
+    /// actor` or `ARTICLE/like: 3 per day per actor` (for that entity, in
+    /// place of the action's rule). Events over it get 429 `throttled`, and
+    /// nothing of their request is applied. Kept in memory, per gateway
+    /// instance. In the environment, rules are separated by `;`.
+    #[arg(
+        long = "actor-limit",
+        env = "COUNTER_GATEWAY_ACTOR_LIMIT",
+        value_delimiter = ';'
+    )]
+    pub actor_limits: Vec<String>,
 }
 
 impl ServeArgs {
@@ -352,7 +374,24 @@ impl ServeArgs {
                 return Err("--counters-cache-max-age must be whole seconds, at least 1s (leave it out for no-cache)".into());
             }
         }
+        if let Some(secret) = &self.actor_secret {
+            crate::domain::ActorKey::new(secret.as_bytes())
+                .map_err(|e| format!("--actor-secret: {e}"))?;
+        }
+        self.actor_limits()?;
         Ok(())
+    }
+
+    /// The limits per actor of every `--actor-limit`; the error names the
+    /// rule that does not parse.
+    pub fn actor_limits(&self) -> Result<Option<crate::actors::ActorLimits>, String> {
+        let rules: Vec<String> = self
+            .actor_limits
+            .iter()
+            .filter(|r| !r.trim().is_empty())
+            .cloned()
+            .collect();
+        crate::actors::ActorLimits::parse(&rules)
     }
 
     /// The configured API keys, from the file and the environment.
@@ -560,6 +599,30 @@ mod tests {
         };
         assert_eq!(a.store.data_dir, PathBuf::from("./data"));
         assert!(a.store.validate().is_ok());
+    }
+
+    #[test]
+    fn actor_limits_and_the_secret_are_checked_before_start() {
+        let a = parse(&[
+            "--actor-limit",
+            "like: 10 per hour per actor",
+            "--actor-limit",
+            "ARTICLE/like: 3 per day per actor",
+        ]);
+        assert!(a.validate().is_ok());
+        assert_eq!(a.actor_limits().unwrap().unwrap().rules().len(), 2);
+        let e = parse(&["--actor-limit", "like: lots per hour per actor"])
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("like: lots per hour per actor"), "{e}");
+        let e = parse(&["--actor-secret", "too short"])
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("--actor-secret"), "{e}");
+        assert!(parse(&["--actor-secret", "0123456789abcdef"])
+            .validate()
+            .is_ok());
+        assert!(parse(&[]).actor_limits().unwrap().is_none());
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub enum ApiError {
     /// Too many requests from this client; retry after this many seconds.
     #[error("too many requests from this client; retry after {0} second(s)")]
     RateLimited(u64),
+    /// An actor of the request is over a limit per actor (the reason names
+    /// the rule); nothing of the request was applied. Retry after `retry_after` seconds.
+    #[error("{reason}")]
+    Throttled { reason: String, retry_after: u64 },
     /// The request took longer than `--request-timeout`.
     #[error("the request did not finish within {0:?}; a write may or may not have been applied (send an event id to retry safely)")]
     Timeout(std::time::Duration),
@@ -85,7 +89,7 @@ impl ApiError {
             | ApiError::Unavailable(_)
             | ApiError::Store { .. }
             | ApiError::Timeout(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RateLimited(_) | ApiError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -105,6 +109,7 @@ impl ApiError {
             ApiError::Overloaded => "overloaded",
             ApiError::Unavailable(_) | ApiError::Store { .. } => "unavailable",
             ApiError::RateLimited(_) => "rate_limited",
+            ApiError::Throttled { .. } => "throttled",
             ApiError::Timeout(_) => "timeout",
             ApiError::Internal(_) => "internal_error",
         }
@@ -173,7 +178,10 @@ impl IntoResponse for ApiError {
                 res.headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
-            ApiError::RateLimited(secs) => {
+            ApiError::RateLimited(secs)
+            | ApiError::Throttled {
+                retry_after: secs, ..
+            } => {
                 res.headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
             }
@@ -207,6 +215,27 @@ impl ApiError {
         ApiError::Store {
             reason: reason.into(),
             detail: detail.to_string(),
+        }
+    }
+}
+
+impl From<crate::actors::Throttled> for ApiError {
+    fn from(t: crate::actors::Throttled) -> Self {
+        let secs = t.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+        let reason = if t.never {
+            format!(
+                "the actor of event {} asks more at once than the limit {:?} allows in a whole period; nothing of the request was applied",
+                t.index, t.rule
+            )
+        } else {
+            format!(
+                "the actor of event {} is over the limit {:?}; nothing of the request was applied; retry after {secs} second(s)",
+                t.index, t.rule
+            )
+        };
+        ApiError::Throttled {
+            reason,
+            retry_after: secs,
         }
     }
 }

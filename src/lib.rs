@@ -10,10 +10,12 @@
 //! - [`store`]: the storage trait and its SQLite and Elasticsearch backends.
 //!
 //! [`error`] is the one error type of the API, [`config`] the command line,
+//! [`actors`] the actor secret and the limits per actor,
 //! [`server`] the start-up and orderly shutdown, [`kibana`] the Kibana
 //! objects `setup` imports, [`transfer`] the `export`, `import` and
 //! `migrate` commands.
 
+pub mod actors;
 pub mod api;
 pub mod auth;
 pub mod config;

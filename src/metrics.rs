@@ -163,6 +163,8 @@ pub struct Metrics {
     flush_micros: AtomicU64,
     store_errors: AtomicU64,
     rejected_overloaded: AtomicU64,
+    throttled: AtomicU64,
+    actor_repeats: AtomicU64,
 }
 
 impl Metrics {
@@ -212,6 +214,18 @@ impl Metrics {
 
     pub fn record_overloaded(&self) {
         self.rejected_overloaded.fetch_add(1, Relaxed);
+    }
+
+    /// A request refused by a limit per actor.
+    pub fn record_throttled(&self) {
+        self.throttled.fetch_add(1, Relaxed);
+    }
+
+    /// Events a request had left out as repeats of their actor (`unique`).
+    pub fn record_repeats(&self, n: u32) {
+        if n > 0 {
+            self.actor_repeats.fetch_add(u64::from(n), Relaxed);
+        }
     }
 
     /// Prometheus text exposition format, with the gauges read at scrape time.
@@ -264,6 +278,18 @@ impl Metrics {
             "counter",
             "Requests refused with 503 because the queue (events or bytes, the whole or the tenant's share) was full.",
             self.rejected_overloaded.load(Relaxed) as f64,
+        );
+        put(
+            "counter_gateway_throttled_total",
+            "counter",
+            "Requests refused with 429 throttled: an actor of theirs was over a limit per actor (--actor-limit).",
+            self.throttled.load(Relaxed) as f64,
+        );
+        put(
+            "counter_gateway_actor_repeats_total",
+            "counter",
+            "Events not counted because of unique: their actor was counted already, or had nothing to take back.",
+            self.actor_repeats.load(Relaxed) as f64,
         );
         put(
             "counter_gateway_queue_depth",

@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpSocket};
 
+use crate::actors::Actors;
 use crate::api::{self, Gateway};
 use crate::config::ServeArgs;
-use crate::domain::Clock;
+use crate::domain::{ActorKey, Clock};
 use crate::metrics::Metrics;
 use crate::store::elasticsearch::{ElasticsearchStore, SetupArgs};
 use crate::store::sqlite::SqliteStore;
@@ -21,6 +22,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let clock = Clock::system();
     let keys = args.keys()?;
     args.check_exposure(&keys)?;
+    let actor_limits = args.actor_limits()?;
+    let configured_secret = match &args.actor_secret {
+        Some(s) => Some(ActorKey::new(s.as_bytes()).map_err(|e| format!("--actor-secret: {e}"))?),
+        None => None,
+    };
+    let mut actor_key = ActorKey::none();
     let (store, open): (Arc<dyn Store>, Arc<dyn TenantStores>) = match args
         .store
         .elasticsearch
@@ -35,6 +42,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                     .await
                     .map_err(|e| e.to_string())?;
             tracing::info!(%url, index_prefix = %prefix, "elasticsearch store open");
+            // A secret made here would differ per gateway, and every one
+            // sharing the cluster must mark an actor the same way.
+            match &configured_secret {
+                Some(k) => actor_key = k.clone(),
+                None => tracing::warn!(
+                    "no --actor-secret: events with `unique` are refused (400); give every gateway of this cluster the same secret to count once per actor"
+                ),
+            }
             // Without ILM (OpenSearch) the gateway deletes expired bucket
             // months itself, in the background, never on the write path.
             let retention = Arc::new(
@@ -58,6 +73,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             )
             .map_err(|e| e.to_string())?;
             tracing::info!(data_dir = %args.store.data_dir.display(), durability = ?args.store.durability, "embedded store open");
+            actor_key = match &configured_secret {
+                Some(k) => k.clone(),
+                None => crate::actors::embedded_secret(&args.store.data_dir)?,
+            };
             (
                 Arc::new(store),
                 tenant::embedded(
@@ -79,6 +98,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             clock,
             limits: args.limits(),
             metrics: metrics.clone(),
+            actors: Actors::new(actor_key, actor_limits),
         },
         Some(open),
         args.max_tenants,
@@ -89,6 +109,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         rate_limit_per_second = ?args.rate_limit_per_second,
         request_timeout = ?args.request_timeout,
         max_tenants = args.max_tenants,
+        actor_limits = args.actor_limits.len(),
         "access"
     );
     let gateway = Gateway {

@@ -60,6 +60,8 @@ pub struct AppState {
     pub clock: Clock,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
+    /// The actor secret and the limits per actor (this tenant's buckets).
+    pub actors: crate::actors::Actors,
 }
 
 /// Where the stores of tenants other than the default come from.
@@ -232,6 +234,7 @@ pub struct Shared {
     pub clock: Clock,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
+    pub actors: crate::actors::Actors,
 }
 
 impl Tenants {
@@ -250,6 +253,7 @@ impl Tenants {
             clock,
             limits,
             metrics,
+            actors,
         } = shared;
         let queue = Arc::new(SharedQueue::new(&pipeline));
         let (p, flusher) = Pipeline::start_sharing(
@@ -265,6 +269,7 @@ impl Tenants {
             clock,
             limits,
             metrics,
+            actors,
         };
         let read_only = stores.as_ref().map(|_| {
             let empty: Arc<dyn Store> = Arc::new(EmptyStore);
@@ -395,6 +400,7 @@ impl Tenants {
         let app = AppState {
             store,
             pipeline,
+            actors: self.default.actors.for_tenant(tenant),
             ..self.default.clone()
         };
         let mut others = self.others.write().expect("tenants lock");

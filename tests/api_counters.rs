@@ -32,6 +32,7 @@ async fn increment_defaults_to_one_and_answers_the_counter() {
         keys_of(&r.json),
         [
             "action",
+            "counted",
             "entity",
             "first_timestamp",
             "id",
@@ -40,6 +41,8 @@ async fn increment_defaults_to_one_and_answers_the_counter() {
             "value"
         ]
     );
+    // The counter, and whether this request counted (no `skipped` then).
+    assert_eq!(r.json["counted"], true);
     assert_eq!(r.json["entity"], "VIDEO");
     assert_eq!(r.json["action"], "VIEW");
     assert_eq!(r.json["uuid"], UUID);

@@ -145,6 +145,7 @@ async fn query_timings_at_a_million_counters() {
         clock: clock.clock(),
         limits: Limits::default(),
         metrics,
+        actors: Default::default(),
     });
 
     let started = Instant::now();

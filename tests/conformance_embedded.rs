@@ -39,6 +39,7 @@ async fn embedded(clock: ManualClock) -> Target {
         clock: clock.clock(),
         limits: Limits::default(),
         metrics,
+        actors: runner::actors(),
     };
     Target {
         router: router(state),

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use chrono::{DateTime, Datelike, Utc};
 use counter_gateway::domain::{
-    Clock, CounterKey, Increment, IncrementSpec, ManualClock, TimePolicy,
+    ActorKey, Clock, CounterKey, Increment, IncrementSpec, ManualClock, Scope, TimePolicy, Unique,
 };
 use counter_gateway::metrics::Metrics;
 use counter_gateway::pipeline::{Pipeline, PipelineConfig};
@@ -195,6 +195,103 @@ fn run_script(src: &mut Map<String, Value>, p: &Value, bucket: bool) -> Result<(
         src.insert("skipped_events".into(), Value::Array(skipped));
     }
     Ok(())
+}
+
+/// What `actor-mark.painless` does to a mark, in Rust.
+enum MarkRun {
+    /// `ctx.op = 'none'`.
+    Noop,
+    /// The document is written as `src` now is.
+    Write,
+    /// `ctx.op = 'delete'`.
+    Delete,
+}
+
+/// What `actor-mark.painless` does, in Rust: add, take and set, with the
+/// token, the stale retraction and the remembered ids.
+fn run_mark_script(src: &mut Map<String, Value>, p: &Value) -> MarkRun {
+    let now = p["now_ms"].as_i64().unwrap();
+    let mut seen = src
+        .get("event_ids")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let token = p["token"].as_str();
+    let mine = src.get("token").and_then(Value::as_str).is_some()
+        && src.get("token").and_then(Value::as_str) == token;
+    let store_ids = |src: &mut Map<String, Value>, seen: Map<String, Value>| {
+        if seen.is_empty() {
+            src.remove("event_ids");
+        } else {
+            src.insert("event_ids".into(), Value::Object(seen));
+        }
+    };
+    if p["op"] == "set" {
+        let mut changed = false;
+        for id in p["forget"].as_array().into_iter().flatten() {
+            changed |= seen.remove(id.as_str().unwrap()).is_some();
+        }
+        if let Some(state) = p["state"].as_str() {
+            if mine && src.get("state").and_then(Value::as_str) != Some(state) {
+                src.insert("state".into(), json!(state));
+                src.insert("since".into(), json!(now));
+                changed = true;
+            }
+        }
+        if !changed || !src.contains_key("counter_id") {
+            return MarkRun::Noop;
+        }
+        if src.get("state").and_then(Value::as_str) == Some("off") && seen.is_empty() {
+            return MarkRun::Delete;
+        }
+        store_ids(src, seen);
+        return MarkRun::Write;
+    }
+    let mut state = src
+        .get("state")
+        .and_then(Value::as_str)
+        .unwrap_or("off")
+        .to_string();
+    let since = src.get("since").and_then(Value::as_i64);
+    if state == "retracting"
+        && !mine
+        && since.is_some_and(|s| now - s > p["stale_ms"].as_i64().unwrap())
+    {
+        state = "counted".into();
+    }
+    let id = p["id"].as_str();
+    if id.is_some_and(|id| seen.contains_key(id)) {
+        return MarkRun::Noop;
+    }
+    let mut outcome = "repeat";
+    if p["op"] == "add" && (state == "off" || (state == "retracting" && mine)) {
+        outcome = "counted";
+        state = "counted".into();
+    } else if p["op"] == "take" && state == "counted" {
+        outcome = "counted";
+        state = "retracting".into();
+    }
+    if outcome == "repeat" && id.is_none() {
+        return MarkRun::Noop;
+    }
+    if !src.contains_key("counter_id") {
+        src.insert("counter_id".into(), p["counter_id"].clone());
+        src.insert("scope".into(), p["scope"].clone());
+        if !p["day"].is_null() {
+            src.insert("day".into(), p["day"].clone());
+        }
+    }
+    if let Some(id) = id {
+        seen.insert(id.into(), json!(now));
+    }
+    if outcome == "counted" {
+        src.insert("token".into(), json!(token));
+        src.insert("since".into(), json!(now));
+    }
+    src.insert("state".into(), json!(state));
+    src.insert("outcome".into(), json!(outcome));
+    store_ids(src, seen);
+    MarkRun::Write
 }
 
 /// What `counter-set.painless` does, in Rust: a set's difference applied
@@ -717,6 +814,45 @@ impl Fake {
             let existed = st.docs.contains_key(&key);
             let mut src = st.docs.get(&key).cloned().unwrap_or_default();
             let params = &payload["script"]["params"];
+            if index.contains("_actor_") {
+                assert!(meta["routing"].is_string(), "mark items are routed");
+                let result = match run_mark_script(&mut src, params) {
+                    MarkRun::Noop => "noop",
+                    // As OpenSearch 2.19 answers an update that deletes its
+                    // document while asking for `_source` (tests/es_real.rs).
+                    MarkRun::Delete if payload.get("_source").is_some() => {
+                        errors = true;
+                        items.push(json!({"update": {"_index": index, "_id": id, "status": 500,
+                            "error": {"type": "null_pointer_exception",
+                                "reason": "Cannot invoke \"org.opensearch.core.common.bytes.BytesReference.length()\" because \"sourceAsBytes\" is null"}}}));
+                        continue;
+                    }
+                    MarkRun::Delete => {
+                        st.docs.remove(&key);
+                        st.bump(&key);
+                        "deleted"
+                    }
+                    MarkRun::Write => {
+                        st.bump(&key);
+                        st.docs.insert(key.clone(), src.clone());
+                        st.indices.insert(index.clone());
+                        if existed {
+                            "updated"
+                        } else {
+                            "created"
+                        }
+                    }
+                };
+                let got = filtered(&src, &payload["_source"]["includes"]);
+                items.push(json!({"update": {
+                    "_index": index, "_id": id, "_version": 1, "result": result,
+                    "_shards": {"total": 2, "successful": 1, "failed": 0},
+                    "_seq_no": call, "_primary_term": 1,
+                    "status": if result == "created" { 201 } else { 200 },
+                    "get": {"_seq_no": call, "_primary_term": 1, "found": existed || result == "created", "_source": got}
+                }}));
+                continue;
+            }
             let ran = if average {
                 run_average_script(&mut src, params, bucket)
             } else {
@@ -984,10 +1120,10 @@ impl Fake {
                     !cid.as_str().unwrap().contains(','),
                     "bucket deletes are routed by counter id: {query}"
                 );
-                let prefix = pattern.trim_end_matches('*').to_string();
                 let before = st.docs.len();
+                let target = pattern.to_string();
                 st.docs
-                    .retain(|(i, _), s| !(i.starts_with(&prefix) && s["counter_id"] == cid));
+                    .retain(|(i, _), s| !(index_matches(&target, i) && s["counter_id"] == cid));
                 let mut f = fixture("delete_by_query.json");
                 let deleted = before - st.docs.len();
                 f["deleted"] = json!(deleted);
@@ -1109,6 +1245,7 @@ fn app_with_clock(store: Arc<ElasticsearchStore>, clock: Clock) -> Router {
         clock,
         limits: Limits::default(),
         metrics,
+        actors: runner::actors(),
     })
 }
 
@@ -1728,17 +1865,20 @@ async fn setup_installs_every_object_in_order() {
     let addr = fake.start().await;
     let store = store_at(&format!("http://{addr}"));
     let report = store.setup().await.unwrap();
-    // Five stored scripts (counter, bucket, average, average bucket,
-    // counter set), the ILM policy, five component and four index templates.
-    assert_eq!(report.installed.len(), 15);
+    // Six stored scripts (counter, bucket, average, average bucket,
+    // counter set, actor mark), the ILM policy, six component and six
+    // index templates.
+    assert_eq!(report.installed.len(), 19);
     let calls = fake.0.lock().unwrap().calls.clone();
     let puts: Vec<_> = calls.iter().filter(|c| c.starts_with("PUT")).collect();
-    assert_eq!(puts.len(), 15);
+    assert_eq!(puts.len(), 19);
     assert!(puts[0].starts_with("PUT /_scripts/counter-gateway-counter-update-v1"));
     assert!(puts[2].starts_with("PUT /_scripts/counter-gateway-average-update-v1"));
     assert!(puts[3].starts_with("PUT /_scripts/counter-gateway-average-bucket-update-v1"));
     assert!(puts[4].starts_with("PUT /_scripts/counter-gateway-counter-set-v1"));
-    assert!(puts[14].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
+    assert!(puts[5].starts_with("PUT /_scripts/counter-gateway-actor-mark-v1"));
+    assert!(puts[16].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
+    assert!(puts[18].starts_with("PUT /_index_template/counter-gateway-actor_day_marks"));
 }
 
 #[tokio::test]
@@ -1796,6 +1936,7 @@ async fn bulk_items_are_bounded_by_distinct_keys_not_requests() {
         clock: clock(),
         limits: Limits::default(),
         metrics,
+        actors: Default::default(),
     });
     let mut tasks = Vec::new();
     for i in 0..300 {
@@ -2369,4 +2510,231 @@ async fn a_backfill_cut_short_by_the_cluster_says_so_and_is_completed_by_a_resen
     assert_eq!(c["value"], 9, "{c}");
     let (_, c) = call(&router, "GET", "/v1/counters/VIDEO/VIEW/b", None).await;
     assert_eq!(c["value"], 3, "{c}");
+}
+
+// ---------------------------------------------------------------------------
+// Once per actor: the marks' failure paths (`src/store/elasticsearch/marks.rs`)
+// ---------------------------------------------------------------------------
+
+const LIKES: &str = "/v1/counters/ARTICLE/like/a1";
+const MARKS: &str = "counter-gateway_default_actor_marks";
+
+fn likes(body: Value) -> (&'static str, Option<Value>) {
+    (LIKES, Some(body))
+}
+
+/// The mark documents the fake holds, as `(id, state)`.
+fn marks_of(fake: &Fake) -> Vec<(String, String)> {
+    let st = fake.0.lock().unwrap();
+    let mut out: Vec<(String, String)> = st
+        .docs
+        .iter()
+        .filter(|((i, _), _)| i == MARKS)
+        .map(|((_, id), s)| (id.clone(), s["state"].as_str().unwrap_or("").to_string()))
+        .collect();
+    out.sort();
+    out
+}
+
+/// A like whose count keeps failing (503 past the back-off budget) answers
+/// 503, and its mark is set back: the client's retry is counted, once.
+#[tokio::test]
+async fn a_like_whose_count_fails_is_unmarked_so_its_retry_counts() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let f = failing.clone();
+    fake.set_item_fault(move |_, id| {
+        (f.load(std::sync::atomic::Ordering::SeqCst) && id == "ARTICLE_like_a1")
+            .then(|| (503, item_error(503)))
+    });
+    let (path, body) = likes(json!({"actor": "alice", "unique": "ever"}));
+    let (status, b) = call(&router, "POST", &format!("{path}/increment"), body.clone()).await;
+    assert_eq!(status, 503, "{b}");
+    assert!(marks_of(&fake).is_empty(), "{:?}", marks_of(&fake));
+    failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let (status, b) = call(&router, "POST", &format!("{path}/increment"), body.clone()).await;
+    assert_eq!(
+        (status, &b["value"], &b["counted"]),
+        (200, &json!(1), &json!(true)),
+        "{b}"
+    );
+    let (_, b) = call(&router, "POST", &format!("{path}/increment"), body).await;
+    assert_eq!(
+        (&b["value"], &b["skipped"]),
+        (&json!(1), &json!("repeat")),
+        "{b}"
+    );
+    assert_eq!(marks_of(&fake).len(), 1);
+    assert_eq!(marks_of(&fake)[0].1, "counted");
+}
+
+/// An unlike whose decrement fails is set back to counted: the like stays,
+/// and the retried unlike takes it back exactly once.
+#[tokio::test]
+async fn an_unlike_whose_decrement_fails_keeps_the_like() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let body = Some(json!({"actor": "alice", "unique": "ever"}));
+    let (s, _) = call(&router, "POST", &format!("{LIKES}/increment"), body.clone()).await;
+    assert_eq!(s, 200);
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let f = failing.clone();
+    fake.set_item_fault(move |_, id| {
+        (f.load(std::sync::atomic::Ordering::SeqCst) && id == "ARTICLE_like_a1")
+            .then(|| (503, item_error(503)))
+    });
+    let (status, b) = call(&router, "POST", &format!("{LIKES}/decrement"), body.clone()).await;
+    assert_eq!(status, 503, "{b}");
+    assert_eq!(marks_of(&fake)[0].1, "counted");
+    failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let (_, b) = call(&router, "POST", &format!("{LIKES}/decrement"), body.clone()).await;
+    assert_eq!(
+        (&b["value"], &b["counted"]),
+        (&json!(0), &json!(true)),
+        "{b}"
+    );
+    // Off and remembering no id: the mark is gone.
+    assert!(marks_of(&fake).is_empty());
+    let (_, b) = call(&router, "POST", &format!("{LIKES}/decrement"), body).await;
+    assert_eq!(
+        (&b["value"], &b["skipped"]),
+        (&json!(0), &json!("repeat")),
+        "{b}"
+    );
+}
+
+/// A count whose answer is lost (a proxy's 502 after the marks were
+/// written) may or may not have landed: the mark stays, so the retry is a
+/// repeat. Here the count did not land: one like is lost, never counted twice.
+#[tokio::test]
+async fn a_lost_answer_to_a_count_leaves_the_mark_never_counting_twice() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    // Bulk 0 writes the mark; bulk 1, the count, is answered by a proxy.
+    fake.set_request_fault(|call| {
+        (call == 1).then(|| (502, Value::String("<html>502 Bad Gateway</html>".into())))
+    });
+    let body = Some(json!({"actor": "alice", "unique": "ever"}));
+    let (status, b) = call(&router, "POST", &format!("{LIKES}/increment"), body.clone()).await;
+    assert_eq!(status, 503, "{b}");
+    assert!(
+        b["error"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("part of it may have been applied"),
+        "{b}"
+    );
+    assert_eq!(marks_of(&fake)[0].1, "counted");
+    let (status, b) = call(&router, "POST", &format!("{LIKES}/increment"), body).await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(
+        (&b["value"], &b["skipped"]),
+        (&json!(0), &json!("repeat")),
+        "counted twice? {b}"
+    );
+    assert_eq!(fake.value(COUNTERS, "ARTICLE_like_a1"), None);
+}
+
+/// When a mark cannot be written, nothing of its request is applied, its
+/// other events included; the other requests of the flush are.
+#[tokio::test]
+async fn a_request_whose_mark_fails_applies_nothing() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let store = store_at(&format!("http://{addr}"));
+    let mut bad = inc("a", 1, None);
+    let key = ActorKey::new(b"0123456789abcdef").unwrap();
+    bad.unique = Some(Unique {
+        scope: Scope::Ever,
+        mark: key.mark(&bad.key, "alice").unwrap(),
+    });
+    let mark_id = format!("{}@{}", bad.key.doc_id(), bad.unique.unwrap().mark.hex());
+    let m = mark_id.clone();
+    fake.set_item_fault(move |_, id| (id == m).then(|| (400, item_error(400))));
+    let out = store
+        .apply(WriteBatch {
+            requests: vec![vec![inc("b", 5, None), bad], vec![inc("c", 1, None)]],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out.requests[0], RequestOutcome::Failed { reason } if reason.contains("actor marks")),
+        "{:?}",
+        out.requests
+    );
+    assert_eq!(out.requests[1], RequestOutcome::Applied { duplicates: 0 });
+    assert_eq!(fake.value(COUNTERS, &cid("b")), None);
+    assert_eq!(fake.value(COUNTERS, &cid("a")), None);
+    assert_eq!(fake.value(COUNTERS, &cid("c")), Some(1));
+}
+
+/// Views' marks go to the month of their day, created ahead by the
+/// gateway (never left to automatic creation), and only for flushes with
+/// views; a counter's delete takes its marks with it.
+#[tokio::test]
+async fn view_marks_live_in_monthly_indices_created_ahead() {
+    let fake = Fake::default();
+    fake.0.lock().unwrap().no_auto_create = true;
+    fake.0.lock().unwrap().indices.insert(COUNTERS.into());
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let (s, _) = call(
+        &router,
+        "POST",
+        "/v1/counters/ARTICLE/VIEW/a1/increment",
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let month = |d: DateTime<Utc>| {
+        format!(
+            "counter-gateway_default_actor_day_marks-{}",
+            d.format("%Y.%m")
+        )
+    };
+    assert!(!index_puts(&fake)
+        .iter()
+        .any(|i| i.contains("actor_day_marks")));
+    let body = Some(json!({"actor": "alice", "unique": "day"}));
+    let (s, b) = call(
+        &router,
+        "POST",
+        "/v1/counters/ARTICLE/VIEW/a1/increment",
+        body.clone(),
+    )
+    .await;
+    assert_eq!((s, &b["counted"]), (200, &json!(true)), "{b}");
+    let next = now().checked_add_months(chrono::Months::new(1)).unwrap();
+    let puts = index_puts(&fake);
+    assert!(
+        puts.contains(&month(now())) && puts.contains(&month(next)),
+        "{puts:?}"
+    );
+    let (_, b) = call(
+        &router,
+        "POST",
+        "/v1/counters/ARTICLE/VIEW/a1/increment",
+        body.clone(),
+    )
+    .await;
+    assert_eq!(b["skipped"], "repeat", "{b}");
+    let (s, _) = call(&router, "DELETE", "/v1/counters/ARTICLE/VIEW/a1", None).await;
+    assert_eq!(s, 200);
+    let (_, b) = call(
+        &router,
+        "POST",
+        "/v1/counters/ARTICLE/VIEW/a1/increment",
+        body,
+    )
+    .await;
+    assert_eq!(
+        (&b["value"], &b["counted"]),
+        (&json!(1), &json!(true)),
+        "{b}"
+    );
 }

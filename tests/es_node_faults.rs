@@ -188,6 +188,7 @@ async fn the_node_killed_mid_traffic_loses_no_acknowledged_increment() {
         clock,
         limits: Limits::default(),
         metrics,
+        actors: Default::default(),
     });
 
     // Clients: four loops, each on one key, sending +1 until told to stop.

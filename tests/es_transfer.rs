@@ -303,6 +303,7 @@ async fn migrate_copies_every_tenant_and_verifies_and_reports_an_altered_counter
             ts_ms: common::test_now().timestamp_millis(),
             day: today(),
             id: None,
+            unique: None,
             kind: counter_gateway::domain::Kind::Counter,
         };
         store

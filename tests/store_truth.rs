@@ -30,6 +30,7 @@ fn inc(uuid: &str, id: Option<&str>, now_ms: i64) -> Increment {
         day: now_ms.div_euclid(86_400_000),
         id: id.map(Arc::from),
         kind: Kind::Counter,
+        unique: None,
     }
 }
 

@@ -78,6 +78,7 @@ fn inc(uuid: &str, id: Option<&str>, ms: i64) -> Increment {
         day: ms.div_euclid(86_400_000),
         id: id.map(Arc::from),
         kind: Kind::Counter,
+        unique: None,
     }
 }
 

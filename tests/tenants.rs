@@ -350,6 +350,7 @@ async fn opening_a_tenant_does_not_stall_other_requests() {
             clock,
             limits: Options::default().limits,
             metrics: Default::default(),
+            actors: Default::default(),
         },
         Some(std::sync::Arc::new(stores)),
         10,

@@ -224,6 +224,7 @@ async fn a_corrected_file_replaces_the_days_it_names_and_keeps_the_rest() {
         ts_ms: (test_now() - Days::days(n)).timestamp_millis(),
         day: day_of(test_now()) - n,
         id: None,
+        unique: None,
         kind: counter_gateway::domain::Kind::Counter,
     };
     store

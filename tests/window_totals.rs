@@ -62,6 +62,7 @@ fn inc(uuid: &str, day: i64, delta: i64, category: Option<&str>) -> Increment {
         day,
         id: None,
         kind: Kind::Counter,
+        unique: None,
     }
 }
 

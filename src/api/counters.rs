@@ -8,34 +8,114 @@ use super::extract::{parse_json, JsonBytes, PathParams};
 use super::model::{IncrementBody, KeyPath};
 use super::openapi::{NotFound, Overflow};
 use super::AppState;
-use crate::domain::{Counter, Increment};
+use crate::actors::Asks;
+use crate::domain::{format_ms, Counter, CounterKey, Increment, Interner};
 use crate::error::ApiError;
+
+/// A counter after an increment or decrement, and whether this request
+/// changed it. A request that was not counted may find no counter (an
+/// unlike of a counter nobody liked; on Elasticsearch, a repeat while the
+/// actor's first like is still on its way): the answer is then the key at
+/// value 0, without category and timestamps.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Incremented {
+    /// The document id, `{entity}_{action}_{uuid}` with `_` and `%` escaped.
+    id: String,
+    entity: String,
+    action: String,
+    uuid: String,
+    value: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    category: Option<String>,
+    /// Absent only when no counter exists (see above).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, format = DateTime)]
+    first_timestamp: Option<String>,
+    /// Absent only when no counter exists (see above).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, format = DateTime)]
+    recorded_timestamp: Option<String>,
+    /// `false` when this request was not counted: its `id` was counted
+    /// before, or (`unique`) its actor was counted already or, for a
+    /// decrement, had no earlier count to take back.
+    counted: bool,
+    /// Why it was not counted; absent when it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    skipped: Option<Skipped>,
+}
+
+impl Incremented {
+    fn new(key: &CounterKey, counter: Option<Counter>, skipped: Option<Skipped>) -> Incremented {
+        let (value, category, first, recorded) = match counter {
+            Some(c) => (
+                c.value,
+                c.category,
+                Some(format_ms(c.first_ms)),
+                Some(format_ms(c.recorded_ms)),
+            ),
+            None => (0, None, None, None),
+        };
+        Incremented {
+            id: key.doc_id(),
+            entity: key.entity.to_string(),
+            action: key.action.to_string(),
+            uuid: key.uuid.to_string(),
+            value,
+            category,
+            first_timestamp: first,
+            recorded_timestamp: recorded,
+            counted: skipped.is_none(),
+            skipped,
+        }
+    }
+}
+
+/// Why a write was not counted.
+#[derive(Clone, Copy, Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Skipped {
+    /// Its idempotency `id` was counted before.
+    Duplicate,
+    /// `unique`: its actor was counted already (or had nothing to take back).
+    Repeat,
+}
+
+/// Takes what a request asks of the limits per actor, or refuses it whole
+/// (429 `throttled`), before anything of it is queued.
+pub(super) fn take_limits(app: &AppState, asks: &Asks) -> Result<(), ApiError> {
+    app.actors.take(asks, app.clock.now_ms()).map_err(|t| {
+        app.metrics.record_throttled();
+        ApiError::from(t)
+    })
+}
 
 #[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/increment",
     summary = "Add `count` (default 1) to a counter; answers it after the write is durable",
     params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content(
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = Counter), NotFound, Overflow))]
+    responses((status = 200, description = "Success", body = Incremented), Overflow))]
 pub async fn increment(
     Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
-) -> Result<Json<Counter>, ApiError> {
+) -> Result<Json<Incremented>, ApiError> {
     add(app, path, body, false).await
 }
 
 #[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/decrement",
-    summary = "Subtract `count` (default 1) from a counter",
+    summary = "Subtract `count` (default 1) from a counter; with `unique: ever`, take back the actor's like",
     params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content(
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = Counter), NotFound, Overflow))]
+    responses((status = 200, description = "Success", body = Incremented), Overflow))]
 pub async fn decrement(
     Writer(app): Writer,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
-) -> Result<Json<Counter>, ApiError> {
+) -> Result<Json<Incremented>, ApiError> {
     add(app, path, body, true).await
 }
 
@@ -44,7 +124,7 @@ async fn add(
     path: KeyPath,
     body: axum::body::Bytes,
     negate: bool,
-) -> Result<Json<Counter>, ApiError> {
+) -> Result<Json<Incremented>, ApiError> {
     app.pipeline.admit()?;
     let parsed: IncrementBody = if body.iter().all(u8::is_ascii_whitespace) {
         IncrementBody::default()
@@ -52,24 +132,39 @@ async fn add(
         parse_json(&body)?
     };
     let spec = parsed.spec(&path.entity, &path.action, &path.uuid, negate);
-    let inc = Increment::from_spec(&spec, &app.time_policy, app.clock.now())
-        .map_err(ApiError::BadRequest)?;
+    let inc = Increment::from_event(
+        &spec,
+        &app.time_policy,
+        app.clock.now(),
+        &mut Interner::default(),
+        &app.actors.key,
+    )
+    .map_err(ApiError::BadRequest)?;
+    let mut asks = Asks::default();
+    app.actors
+        .ask(&mut asks, 0, &inc.key, spec.actor, inc.delta);
+    take_limits(&app, &asks)?;
     let key = inc.key.clone();
     // The queue's bound in bytes counts the increment, not the body (up to
     // --max-body-bytes of white space): it is not held while the write waits.
     drop(parsed);
     drop(body);
     let applied = app.pipeline.submit(vec![inc], Some(key.clone())).await?;
-    match applied.counter {
-        Some(c) => Ok(Json(c)),
-        // A duplicate id changes nothing: answer the counter as it stands.
-        None => app
-            .store
-            .get(&key)
-            .await?
-            .map(Json)
-            .ok_or_else(|| ApiError::NotFound(format!("counter {key} has never been counted"))),
-    }
+    app.metrics.record_repeats(applied.repeats);
+    let skipped = if applied.duplicates > 0 {
+        Some(Skipped::Duplicate)
+    } else if applied.repeats > 0 {
+        Some(Skipped::Repeat)
+    } else {
+        None
+    };
+    let counter = match applied.counter {
+        Some(c) => Some(c),
+        // Not read back by the flush (not counted, or a store that could
+        // not): the counter as it stands, if there is one.
+        None => app.store.get(&key).await?,
+    };
+    Ok(Json(Incremented::new(&key, counter, skipped)))
 }
 
 #[utoipa::path(get, path = "/v1/counters/{entity}/{action}/{uuid}",

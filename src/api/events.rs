@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 
 use super::extract::{describe, parse_json, JsonBytes};
 use super::model::{EventBody, EventsAccepted, EventsBody, Object, RawEventsBody};
+use crate::actors::{Actors, Asks};
 use crate::domain::{Increment, Interner, TimePolicy};
 use crate::error::{ApiError, EventError};
 
@@ -22,20 +23,25 @@ pub async fn post(
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<EventsAccepted>, ApiError> {
     app.pipeline.admit()?;
-    let incs = read_batch(
+    let (incs, asks) = read_events(
         &body,
         &app.time_policy,
         app.clock.now(),
         app.limits.max_events_per_request,
+        &app.actors,
     )?;
+    // Every event of the batch checked before any token is taken.
+    super::counters::take_limits(&app, &asks)?;
     let accepted = incs.len();
     // The increments own their strings: the body and its parse need not be
     // held while the write waits in the queue (its bound counts increments).
     drop(body);
     let applied = app.pipeline.submit(incs, None).await?;
+    app.metrics.record_repeats(applied.repeats);
     Ok(Json(EventsAccepted {
-        accepted: accepted - applied.duplicates as usize,
+        accepted: accepted - applied.duplicates as usize - applied.repeats as usize,
         duplicates: applied.duplicates,
+        repeats: applied.repeats,
     }))
 }
 
@@ -51,6 +57,18 @@ pub fn read_batch(
     now: DateTime<Utc>,
     max_events: usize,
 ) -> Result<Vec<Increment>, ApiError> {
+    read_events(body, policy, now, max_events, &Actors::default()).map(|(incs, _)| incs)
+}
+
+/// [`read_batch`] with the gateway's actor secret and limits: also what
+/// the batch asks of the limits per actor.
+pub fn read_events(
+    body: &[u8],
+    policy: &TimePolicy,
+    now: DateTime<Utc>,
+    max_events: usize,
+    actors: &Actors,
+) -> Result<(Vec<Increment>, Asks), ApiError> {
     if body.is_empty() {
         return Err(ApiError::BadRequest(
             "the body is empty; send {\"events\": [...]}".into(),
@@ -58,9 +76,9 @@ pub fn read_batch(
     }
     let parsed = match parse_batch(body) {
         Ok(b) => b,
-        Err(e) => return Err(explain_parse_failure(body, policy, now).unwrap_or(e)),
+        Err(e) => return Err(explain_parse_failure(body, policy, now, actors).unwrap_or(e)),
     };
-    parsed.increments(policy, now, max_events)
+    parsed.events(policy, now, max_events, actors)
 }
 
 /// The first stage of [`read_batch`]: the JSON alone.
@@ -76,6 +94,19 @@ impl ParsedBatch<'_> {
         now: DateTime<Utc>,
         max: usize,
     ) -> Result<Vec<Increment>, ApiError> {
+        self.events(policy, now, max, &Actors::default())
+            .map(|(incs, _)| incs)
+    }
+
+    /// [`ParsedBatch::increments`] with the actor secret, and what the
+    /// events ask of the limits per actor.
+    pub fn events(
+        &self,
+        policy: &TimePolicy,
+        now: DateTime<Utc>,
+        max: usize,
+        actors: &Actors,
+    ) -> Result<(Vec<Increment>, Asks), ApiError> {
         let events = &self.0.events;
         if events.is_empty() {
             return Err(ApiError::BadRequest(
@@ -91,23 +122,33 @@ impl ParsedBatch<'_> {
         let mut incs = Vec::with_capacity(events.len());
         let mut errors = Vec::new();
         let mut names = Interner::for_batch(events.len());
+        let mut asks = Asks::default();
         for (index, event) in events.iter().enumerate() {
-            match Increment::from_spec_in(&event.spec(), policy, now, &mut names) {
-                Ok(inc) => incs.push(inc),
+            let spec = event.spec();
+            match Increment::from_event(&spec, policy, now, &mut names, &actors.key) {
+                Ok(inc) => {
+                    actors.ask(&mut asks, index, &inc.key, spec.actor, inc.delta);
+                    incs.push(inc);
+                }
                 Err(reason) => errors.push(EventError { index, reason }),
             }
         }
         if !errors.is_empty() {
             return Err(ApiError::InvalidEvents(errors));
         }
-        Ok(incs)
+        Ok((incs, asks))
     }
 }
 
 /// When a batch does not parse as a whole, finds every bad event (those that
 /// do not parse and those that parse but are invalid), so the client learns
 /// of all of them at once. `None` when the envelope itself is at fault.
-fn explain_parse_failure(body: &[u8], policy: &TimePolicy, now: DateTime<Utc>) -> Option<ApiError> {
+fn explain_parse_failure(
+    body: &[u8],
+    policy: &TimePolicy,
+    now: DateTime<Utc>,
+    actors: &Actors,
+) -> Option<ApiError> {
     let raw: RawEventsBody = serde_json::from_slice(body).ok()?;
     let errors: Vec<EventError> = raw
         .events
@@ -116,7 +157,14 @@ fn explain_parse_failure(body: &[u8], policy: &TimePolicy, now: DateTime<Utc>) -
         .filter_map(|(index, v)| {
             let reason = match serde_path_to_error::deserialize::<_, Object<EventBody>>(v) {
                 Err(e) => describe(&e),
-                Ok(Object(event)) => Increment::from_spec(&event.spec(), policy, now).err()?,
+                Ok(Object(event)) => Increment::from_event(
+                    &event.spec(),
+                    policy,
+                    now,
+                    &mut Interner::default(),
+                    &actors.key,
+                )
+                .err()?,
             };
             Some(EventError { index, reason })
         })

@@ -112,6 +112,18 @@ pub struct IncrementBody<'a> {
     #[serde(default, borrow, deserialize_with = "borrowed")]
     #[schema(schema_with = crate::api::openapi::optional_event_id)]
     pub id: Option<Cow<'a, str>>,
+    /// Who the event is from: a user id, or anything stable the page has
+    /// (at most 256 bytes, no control characters). Kept only as a keyed
+    /// hash. Limits per actor count it; with `unique`, counted once.
+    #[serde(default, borrow, deserialize_with = "borrowed")]
+    #[schema(schema_with = crate::api::openapi::optional_actor)]
+    pub actor: Option<Cow<'a, str>>,
+    /// Count once per `actor`: `ever` (a like: once per actor and counter,
+    /// until a decrement takes it back) or `day` (a view: once per actor,
+    /// counter and UTC day of the event). `count` must then be 1.
+    #[serde(default, borrow, deserialize_with = "borrowed")]
+    #[schema(schema_with = crate::api::openapi::optional_unique)]
+    pub unique: Option<Cow<'a, str>>,
 }
 
 /// One event of `POST /v1/events`.
@@ -139,6 +151,18 @@ pub struct EventBody<'a> {
     #[serde(default, borrow, deserialize_with = "borrowed")]
     #[schema(schema_with = crate::api::openapi::optional_event_id)]
     pub id: Option<Cow<'a, str>>,
+    /// Who the event is from: a user id, or anything stable the page has
+    /// (at most 256 bytes, no control characters). Kept only as a keyed
+    /// hash. Limits per actor count it; with `unique`, counted once.
+    #[serde(default, borrow, deserialize_with = "borrowed")]
+    #[schema(schema_with = crate::api::openapi::optional_actor)]
+    pub actor: Option<Cow<'a, str>>,
+    /// Count once per `actor`: `ever` (a like: once per actor and counter,
+    /// until a decrement takes it back) or `day` (a view: once per actor,
+    /// counter and UTC day of the event). `count` must then be 1.
+    #[serde(default, borrow, deserialize_with = "borrowed")]
+    #[schema(schema_with = crate::api::openapi::optional_unique)]
+    pub unique: Option<Cow<'a, str>>,
 }
 
 /// Body of `POST /v1/events`; `maxItems` is the configured batch limit,
@@ -165,6 +189,16 @@ pub struct EventsAccepted {
     pub accepted: usize,
     /// Events skipped because their `id` had been counted before.
     pub duplicates: u32,
+    /// Events skipped because of `unique`: their actor was counted already
+    /// (or, for a decrement, had no earlier count to take back). Absent when
+    /// none was, so the answer of a batch without `unique` is as it was.
+    #[serde(skip_serializing_if = "is_zero")]
+    #[schema(minimum = 1)]
+    pub repeats: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl<'a> IncrementBody<'a> {
@@ -184,6 +218,8 @@ impl<'a> IncrementBody<'a> {
             category: self.category.as_deref(),
             timestamp: self.timestamp.as_deref(),
             id: self.id.as_deref(),
+            actor: self.actor.as_deref(),
+            unique: self.unique.as_deref(),
         }
     }
 }
@@ -199,6 +235,8 @@ impl<'a> EventBody<'a> {
             category: self.category.as_deref(),
             timestamp: self.timestamp.as_deref(),
             id: self.id.as_deref(),
+            actor: self.actor.as_deref(),
+            unique: self.unique.as_deref(),
         }
     }
 }

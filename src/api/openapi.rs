@@ -47,6 +47,26 @@ pub fn optional_event_id() -> Object {
     name_of(string(true), 256)
 }
 
+/// An event's actor: as a name, at most 256 bytes; `null` is absent.
+pub fn optional_actor() -> Object {
+    name_of(
+        string(true).description(Some(
+            "Who the event is from (a user id, or anything stable the page has); kept only as a keyed hash. Limits per actor (--actor-limit) count it; with `unique`, the event counts once per actor.",
+        )),
+        crate::domain::MAX_ACTOR_BYTES,
+    )
+}
+
+/// The uniqueness scope of an event; `null` is absent.
+pub fn optional_unique() -> Object {
+    string(true)
+        .description(Some(
+            "Count once per `actor` (required with it): `ever` (a like: once per actor and counter; a decrement of 1 takes the actor's like back, never more) or `day` (a view: once per actor, counter and UTC day of the event; not taken back). `count` must be 1 (or -1 in a batch, for an unlike). An event not counted for it is a repeat, answered as such, not an error.",
+        ))
+        .enum_values(Some([Value::from("ever"), Value::from("day"), Value::Null]))
+        .build()
+}
+
 fn name_of(b: ObjectBuilder, max: usize) -> Object {
     b.min_length(Some(1))
         .max_length(Some(max))
@@ -201,7 +221,7 @@ fn reason(status: u16) -> &'static str {
         409 => "The counter would leave the signed 64-bit range; nothing applied",
         413 => "The body is larger than the limit",
         415 => "Send application/json (or text/plain from sendBeacon)",
-        429 => "Rate limit of this client reached; see Retry-After",
+        429 => "Rate limit of this client (`rate_limited`) or a limit per actor (`throttled`, naming the rule; nothing applied) reached; see Retry-After",
         500 => "Internal error",
         503 => "Queue full, store unavailable, request timeout, or shutting down; see Retry-After",
         _ => "Answer",

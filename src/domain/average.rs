@@ -37,6 +37,8 @@ impl Increment {
             category: spec.category,
             timestamp: spec.timestamp,
             id: spec.id,
+            actor: None,
+            unique: None,
         };
         let mut inc = Increment::from_spec(&as_increment, policy, now)
             .map_err(|e| e.replacen("count", "value", 1))?;

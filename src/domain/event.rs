@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use super::actor::{validate_actor, ActorKey, Scope, Unique};
 use super::{day_of, CounterKey, Interner, Part, TimePolicy};
 
 /// Longest accepted idempotency id, in bytes.
@@ -23,6 +24,10 @@ pub struct IncrementSpec<'a> {
     pub category: Option<&'a str>,
     pub timestamp: Option<&'a str>,
     pub id: Option<&'a str>,
+    /// Who the event is from (limits per actor; with `unique`, counted once).
+    pub actor: Option<&'a str>,
+    /// `"ever"` or `"day"`: count once per actor (see [`Scope`]).
+    pub unique: Option<&'a str>,
 }
 
 /// A validated increment, ready to be coalesced.
@@ -39,6 +44,9 @@ pub struct Increment {
     pub id: Option<Arc<str>>,
     /// What `delta` adds to: a counter's value, or an average's sum.
     pub kind: Kind,
+    /// Count only if the actor's mark allows (once per actor); the store
+    /// decides, in the flush that applies it.
+    pub unique: Option<Unique>,
 }
 
 /// What an increment adds to. Averages ride the same pipeline as counters
@@ -69,6 +77,19 @@ impl Increment {
         policy: &TimePolicy,
         now: DateTime<Utc>,
         names: &mut Interner<'a>,
+    ) -> Result<Self, String> {
+        Self::from_event(spec, policy, now, names, &ActorKey::none())
+    }
+
+    /// [`Increment::from_spec_in`] with the gateway's actor secret, which
+    /// turns `actor` and `unique` into the mark the store checks: the raw
+    /// actor goes no further than this.
+    pub fn from_event<'a>(
+        spec: &IncrementSpec<'a>,
+        policy: &TimePolicy,
+        now: DateTime<Utc>,
+        names: &mut Interner<'a>,
+        actors: &ActorKey,
     ) -> Result<Self, String> {
         let key = CounterKey::new_in(spec.entity, spec.action, spec.uuid, names)?;
         let count = spec.count.unwrap_or(1);
@@ -101,6 +122,33 @@ impl Increment {
             Some(id) => Some(Arc::from(id)),
             None => None,
         };
+        if let Some(actor) = spec.actor {
+            validate_actor(actor)?;
+        }
+        let unique = match (spec.unique, spec.actor) {
+            (None, _) => None,
+            (Some(raw), actor) => {
+                let scope = Scope::parse(raw)?;
+                let actor = actor.ok_or_else(|| {
+                    format!("unique needs an actor: whom to count once (unique is {raw:?})")
+                })?;
+                match (scope, delta) {
+                    (Scope::Ever, 1 | -1) | (Scope::Day, 1) => {}
+                    (Scope::Day, -1) => {
+                        return Err("unique \"day\" counts a view once per actor and day, which is not taken back: a decrement with it is refused".into())
+                    }
+                    _ => {
+                        return Err(format!(
+                            "count must be 1 with unique (an actor counts once; a decrement of 1 takes it back), not {count}"
+                        ))
+                    }
+                }
+                let mark = actors.mark(&key, actor).ok_or_else(|| {
+                    "unique: this gateway has no actor secret, so it cannot count once per actor; start it with --actor-secret (COUNTER_GATEWAY_ACTOR_SECRET), the same on every gateway sharing a store".to_string()
+                })?;
+                Some(Unique { scope, mark })
+            }
+        };
         Ok(Increment {
             key,
             delta,
@@ -109,6 +157,7 @@ impl Increment {
             day: day_of(ts),
             id,
             kind: Kind::Counter,
+            unique,
         })
     }
 }
@@ -183,5 +232,83 @@ mod tests {
             ..spec()
         })
         .starts_with("id"));
+    }
+
+    #[test]
+    fn unique_needs_an_actor_a_secret_and_a_count_of_one() {
+        let p = TimePolicy::default();
+        let now = Utc::now();
+        let secret = ActorKey::new(b"0123456789abcdef").unwrap();
+        let check = |s: IncrementSpec, key: &ActorKey| {
+            Increment::from_event(&s, &p, now, &mut Interner::default(), key)
+        };
+        let like = IncrementSpec {
+            actor: Some("alice"),
+            unique: Some("ever"),
+            ..spec()
+        };
+        let inc = check(like, &secret).unwrap();
+        let u = inc.unique.unwrap();
+        assert_eq!(u.scope, Scope::Ever);
+        assert_eq!(Some(u.mark), secret.mark(&inc.key, "alice"));
+        // An unlike: a decrement of one.
+        let unlike = IncrementSpec {
+            actor: Some("alice"),
+            unique: Some("ever"),
+            negate: true,
+            ..spec()
+        };
+        assert_eq!(check(unlike, &secret).unwrap().delta, -1);
+        let err = |s: IncrementSpec| check(s, &secret).unwrap_err();
+        assert!(err(IncrementSpec {
+            unique: Some("ever"),
+            ..spec()
+        })
+        .starts_with("unique needs an actor"));
+        assert!(err(IncrementSpec {
+            actor: Some("a"),
+            unique: Some("week"),
+            ..spec()
+        })
+        .starts_with("unique must be"));
+        assert!(err(IncrementSpec {
+            actor: Some("a"),
+            unique: Some("ever"),
+            count: Some(5),
+            ..spec()
+        })
+        .starts_with("count must be 1"));
+        assert!(err(IncrementSpec {
+            actor: Some("a"),
+            unique: Some("day"),
+            negate: true,
+            ..spec()
+        })
+        .contains("decrement"));
+        assert!(err(IncrementSpec {
+            actor: Some("a\n"),
+            ..spec()
+        })
+        .starts_with("actor"));
+        let no_secret = check(
+            IncrementSpec {
+                actor: Some("a"),
+                unique: Some("day"),
+                ..spec()
+            },
+            &ActorKey::none(),
+        )
+        .unwrap_err();
+        assert!(no_secret.contains("--actor-secret"), "{no_secret}");
+        // An actor alone (for limits) needs no secret and marks nothing.
+        let plain = check(
+            IncrementSpec {
+                actor: Some("a"),
+                ..spec()
+            },
+            &ActorKey::none(),
+        )
+        .unwrap();
+        assert!(plain.unique.is_none());
     }
 }

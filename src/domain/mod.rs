@@ -1,6 +1,7 @@
 //! The typed domain: what a counter is, what a valid name is, and what an
 //! increment means, independent of HTTP and of any store.
 
+mod actor;
 mod average;
 mod backfill;
 mod clock;
@@ -11,6 +12,9 @@ mod key;
 mod time;
 mod window;
 
+pub use actor::{
+    validate_actor, ActorKey, Mark, Scope, Unique, MAX_ACTOR_BYTES, MIN_ACTOR_SECRET_BYTES,
+};
 pub use average::SampleSpec;
 pub use backfill::{parse_day, DaySet, DaySetSpec};
 pub use clock::{Clock, ManualClock};

@@ -118,10 +118,12 @@ async fn flush(store: &dyn Store, subs: Vec<Submission>, metrics: &Metrics) -> A
             replies
                 .into_iter()
                 .zip(out.requests.drain(..))
-                .map(|((reply, want, held), outcome)| {
+                .enumerate()
+                .map(|(i, ((reply, want, held), outcome))| {
                     let answer = match outcome {
                         RequestOutcome::Applied { duplicates } => Ok(Applied {
                             duplicates,
+                            repeats: out.repeats.get(i).copied().unwrap_or(0),
                             counter: want.and_then(|k| out.counters.get(&k).cloned()),
                         }),
                         RequestOutcome::Overflow { key } => Err(SubmitError::Overflow(key)),

@@ -94,6 +94,9 @@ pub enum SubmitError {
 pub struct Applied {
     /// Events skipped because their `id` was already counted.
     pub duplicates: u32,
+    /// Events skipped because `unique` said their actor was counted
+    /// already (or, for an unlike, had nothing to take back).
+    pub repeats: u32,
     /// The state after the flush of the counter, when one was asked for.
     pub counter: Option<Counter>,
 }

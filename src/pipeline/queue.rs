@@ -291,6 +291,7 @@ mod tests {
             day: 0,
             id: id.map(Arc::from),
             kind: Kind::Counter,
+            unique: None,
         }
     }
 

@@ -60,6 +60,12 @@ pub struct BatchOutcome {
     pub counters: HashMap<CounterKey, Counter>,
     /// Store operations sent (rows upserted, bulk items): for metrics and benchmarks.
     pub store_writes: usize,
+    /// Per request, by index, the events of an `Applied` request left out
+    /// because `unique` said their actor was counted already (or, for an
+    /// unlike, had nothing to take back): counted apart from `duplicates`
+    /// (ids seen before). Shorter than `requests` (or empty) where a store
+    /// had none to report; a missing entry is 0.
+    pub repeats: Vec<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -39,6 +39,7 @@ pub enum Durability {
 
 mod backfill;
 mod background;
+mod marks;
 mod multiget;
 mod queries;
 mod rollup;
@@ -559,6 +560,7 @@ impl SqliteStore {
         tx.execute_batch(SCHEMA).map_err(internal)?;
         tx.execute_batch(queries::SCHEMA_V2).map_err(internal)?;
         tx.execute_batch(rollup::SCHEMA_V3).map_err(internal)?;
+        tx.execute_batch(marks::SCHEMA).map_err(internal)?;
         tx.commit().map_err(internal)?;
         rollup::backfill(&mut conn, clock.today())?;
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
@@ -812,9 +814,11 @@ fn apply_coalesced(
     let mut out = BatchOutcome::default();
     let mut all = Coalesced::default();
     for events in &batch.requests {
-        let dup = claim_ids(&tx, events, now_ms, id_window_ms)?;
-        let duplicates = coalesce_fresh(events, &dup, &mut all);
+        let mut dup = claim_ids(&tx, events, now_ms, id_window_ms)?;
+        let repeats = marks::claim(&tx, events, &mut dup)?;
+        let duplicates = coalesce_fresh(events, &dup, &mut all) - repeats;
         out.requests.push(RequestOutcome::Applied { duplicates });
+        out.repeats.push(repeats);
     }
     if write_coalesced(
         &tx,
@@ -827,6 +831,7 @@ fn apply_coalesced(
     {
         return Ok(None);
     }
+    multiget::unwritten_wanted(&tx, &batch.wanted, &mut out.counters)?;
     tx.commit().map_err(internal)?;
     Ok(Some(out))
 }
@@ -846,9 +851,10 @@ fn apply_one_by_one(
     let mut out = BatchOutcome::default();
     for events in &batch.requests {
         let sp = tx.savepoint().map_err(internal)?;
-        let dup = claim_ids(&sp, events, now_ms, id_window_ms)?;
+        let mut dup = claim_ids(&sp, events, now_ms, id_window_ms)?;
+        let repeats = marks::claim(&sp, events, &mut dup)?;
         let mut mine = Coalesced::default();
-        let duplicates = coalesce_fresh(events, &dup, &mut mine);
+        let duplicates = coalesce_fresh(events, &dup, &mut mine) - repeats;
         let mut counters = HashMap::new();
         match write_coalesced(
             &sp,
@@ -861,13 +867,16 @@ fn apply_one_by_one(
                 sp.commit().map_err(internal)?;
                 out.counters.extend(counters);
                 out.requests.push(RequestOutcome::Applied { duplicates });
+                out.repeats.push(repeats);
             }
             Err(Overflowed(key)) => {
                 drop(sp); // rolls back to the savepoint
                 out.requests.push(RequestOutcome::Overflow { key });
+                out.repeats.push(0);
             }
         }
     }
+    multiget::unwritten_wanted(&tx, &batch.wanted, &mut out.counters)?;
     tx.commit().map_err(internal)?;
     Ok(out)
 }
@@ -960,6 +969,7 @@ impl Store for SqliteStore {
                 tx.execute("DELETE FROM buckets WHERE cid = ?1", [cid]).map_err(internal)?;
                 rollup::forget(&tx, cid)?;
             }
+            marks::forget(&tx, &key)?;
             tx.commit().map_err(internal)?;
             Ok(cid.is_some())
         })
@@ -1194,6 +1204,7 @@ mod tests {
             day: DAY,
             id: None,
             kind: crate::domain::Kind::Counter,
+            unique: None,
         }
     }
 

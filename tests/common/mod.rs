@@ -9,8 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use counter_gateway::actors::{ActorLimits, Actors};
 use counter_gateway::auth::Keys;
-use counter_gateway::domain::{ManualClock, TimePolicy};
+use counter_gateway::domain::{ActorKey, ManualClock, TimePolicy};
 use counter_gateway::metrics::Metrics;
 use counter_gateway::pipeline::PipelineConfig;
 use counter_gateway::ratelimit::RateLimiter;
@@ -41,6 +42,11 @@ pub struct Options {
     pub clock: ManualClock,
     /// `--counters-cache-max-age`.
     pub counters_max_age: Option<Duration>,
+    /// `--actor-secret`; `None`: the one made in the data directory, as
+    /// `serve` does for the embedded store.
+    pub actor_secret: Option<String>,
+    /// `--actor-limit` rules.
+    pub actor_limits: Vec<String>,
 }
 
 /// Body limit of the test apps.
@@ -64,6 +70,8 @@ impl Default for Options {
             max_tenants: 100,
             clock: ManualClock::new(test_now()),
             counters_max_age: None,
+            actor_secret: None,
+            actor_limits: Vec::new(),
         }
     }
 }
@@ -144,6 +152,11 @@ impl TestApp {
         let store: Arc<dyn Store> = wrap(Arc::new(sqlite));
         let metrics = Arc::new(Metrics::default());
         let window = Duration::from_secs(7 * 86_400);
+        let actor_key = match &options.actor_secret {
+            Some(s) => ActorKey::new(s.as_bytes()).expect("a test actor secret"),
+            None => counter_gateway::actors::embedded_secret(dir.path()).expect("actor secret"),
+        };
+        let actor_limits = ActorLimits::parse(&options.actor_limits).expect("test actor limits");
         let tenants = Arc::new(Tenants::start(
             store,
             options.pipeline.clone(),
@@ -152,6 +165,7 @@ impl TestApp {
                 clock: options.clock.clock(),
                 limits: options.limits,
                 metrics: metrics.clone(),
+                actors: Actors::new(actor_key, actor_limits),
             },
             Some(counter_gateway::tenant::embedded(
                 dir.path(),
@@ -218,6 +232,12 @@ impl TestApp {
         drop(self.state);
         drop(self.tenants);
         (self.dir, self.options)
+    }
+
+    /// Starts over an existing data directory (one [`TestApp::stop`]
+    /// returned), with other options.
+    pub async fn start_in_dir(dir: Arc<TempDir>, options: Options) -> TestApp {
+        Self::start_in(dir, options, |s| s).await
     }
 
     /// Stops this app and starts a new one (new store, pipeline, listener)

@@ -48,6 +48,21 @@ pub struct Target {
     pub guard: Box<dyn std::any::Any + Send>,
 }
 
+/// The actor secret and limits every target serves the scenarios with
+/// (`actors.json` counts once per actor and runs into these limits).
+pub fn actors() -> counter_gateway::actors::Actors {
+    let limits = counter_gateway::actors::ActorLimits::parse(&[
+        "THROTTLED/like: 3 per hour per actor".to_string(),
+        "THROTTLED/view: 2 per day per actor".to_string(),
+    ])
+    .expect("the scenarios' limits parse");
+    counter_gateway::actors::Actors::new(
+        counter_gateway::domain::ActorKey::new(b"conformance scenarios' secret")
+            .expect("a long enough secret"),
+        limits,
+    )
+}
+
 /// The scenario files, sorted by name.
 pub fn scenario_files() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/scenarios");

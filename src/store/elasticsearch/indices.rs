@@ -83,14 +83,17 @@ pub fn expired_indices<'a>(
     out
 }
 
-/// The month of `<prefix>_<tenant>_[average_]histogram_counters-YYYY.MM`.
+/// The month of `<prefix>_<tenant>_[average_]histogram_counters-YYYY.MM`
+/// or `<prefix>_<tenant>_actor_day_marks-YYYY.MM` (views' marks expire with
+/// the buckets: no event older than the retention is accepted).
 fn bucket_month(name: &str, prefix: &str) -> Option<Month> {
     let rest = name.strip_prefix(prefix)?.strip_prefix('_')?;
     let (tenant, rest) = rest.split_once('_')?;
     super::request::validate_index_part("tenant", tenant).ok()?;
     let date = rest
         .strip_prefix("histogram_counters-")
-        .or_else(|| rest.strip_prefix("average_histogram_counters-"))?;
+        .or_else(|| rest.strip_prefix("average_histogram_counters-"))
+        .or_else(|| rest.strip_prefix("actor_day_marks-"))?;
     let (y, m) = date.split_once('.')?;
     if y.len() != 4 || m.len() != 2 || !(y.bytes().chain(m.bytes())).all(|b| b.is_ascii_digit()) {
         return None;
@@ -151,7 +154,7 @@ impl ElasticsearchStore {
     }
 
     /// `PUT /<index>`; an index that already exists is fine.
-    async fn create_index(&self, index: &str) -> Result<(), String> {
+    pub(super) async fn create_index(&self, index: &str) -> Result<(), String> {
         let (status, body) = self
             .call(Method::Put, &format!("/{index}"), &[], None)
             .await
@@ -168,7 +171,7 @@ impl ElasticsearchStore {
         }
     }
 
-    /// Deletes this prefix's monthly bucket indices (every tenant) that are
+    /// Deletes this prefix's monthly bucket and day-mark indices (every tenant) that are
     /// past `retention_days` on the clock's day; returns their names. For an
     /// engine without ILM; never called on the write path.
     pub async fn delete_expired_buckets(&self, retention_days: u32) -> Result<Vec<String>, String> {
@@ -297,6 +300,8 @@ mod tests {
             "cg_default_histogram_counters-2025.10",
             "cg_default_histogram_counters-2025.11",
             "cg_t2_average_histogram_counters-2025.10",
+            "cg_default_actor_day_marks-2025.10",
+            "cg_default_actor_marks",
             "cg_default_counters",
             "cg_default_average_counters",
             "cg-other_default_histogram_counters-2020.01",
@@ -314,11 +319,12 @@ mod tests {
         assert_eq!(
             expired_indices(names, "cg", day(2026, 12, 6), 400),
             vec![
+                "cg_default_actor_day_marks-2025.10",
                 "cg_default_histogram_counters-2025.10",
                 "cg_t2_average_histogram_counters-2025.10"
             ]
         );
-        assert_eq!(expired_indices(names, "cg", day(2027, 1, 10), 400).len(), 3);
+        assert_eq!(expired_indices(names, "cg", day(2027, 1, 10), 400).len(), 4);
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! their answers, pure; says what is exact), [`retry`] (back-off as a value),
 //! [`backfill`] (days set to a value: bucket first, then the counter, each
 //! set completed by the next one should a crash cut it short), [`transfer`]
-//! (export pages and import batches of whole documents).
+//! (export pages and import batches of whole documents), [`marks`]
+//! (counting once per actor: a mark document per actor and counter, never
+//! counted twice).
 //!
 //! # What is and is not atomic here
 //!
@@ -50,15 +52,16 @@
 //! - Reads of one counter use the realtime GET (they see every acknowledged
 //!   write); the list of a target's counters is a search, so it sees writes
 //!   after the refresh interval (1 s).
-//! - Delete removes the buckets first (delete-by-query, routed by counter
-//!   id, after a refresh so that recent buckets are visible), then the
-//!   counter, so a failed delete can be repeated. Increments that race with a
+//! - Delete removes the buckets and the actor marks first (delete-by-query,
+//!   routed by counter id, after a refresh so that recent ones are
+//!   visible), then the counter, so a failed delete can be repeated. Increments that race with a
 //!   delete may recreate the counter, as with the embedded store.
 
 mod backfill;
 mod client;
 pub mod config;
 pub mod indices;
+mod marks;
 pub mod query;
 mod reads;
 pub mod request;
@@ -101,6 +104,8 @@ pub struct ElasticsearchStore {
     ensured_months: std::sync::Mutex<std::collections::BTreeSet<indices::Month>>,
     /// Indices given the backfill fields' mapping by this store (`backfill`).
     mapped_for_sets: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Months whose day-mark indices this store created or found (`marks`).
+    mark_months: std::sync::Mutex<std::collections::BTreeSet<indices::Month>>,
 }
 
 impl ElasticsearchStore {
@@ -132,6 +137,7 @@ impl ElasticsearchStore {
             engine: std::sync::OnceLock::new(),
             ensured_months: Default::default(),
             mapped_for_sets: Default::default(),
+            mark_months: Default::default(),
         })
     }
 
@@ -170,6 +176,7 @@ impl ElasticsearchStore {
             engine: self.engine.clone(),
             ensured_months: Default::default(),
             mapped_for_sets: Default::default(),
+            mark_months: Default::default(),
         })
     }
 }

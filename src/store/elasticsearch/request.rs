@@ -105,6 +105,25 @@ impl IndexNames {
         )
     }
 
+    /// The index of `ever` actor marks (likes).
+    pub fn actor_marks(&self) -> String {
+        self.collection("actor_marks")
+    }
+
+    /// The monthly index of `day` actor marks (views) of UTC day `day`.
+    pub fn actor_day_marks(&self, day: i64) -> String {
+        format!("{}-{}", self.collection("actor_day_marks"), month_of(day))
+    }
+
+    /// Every index of actor marks of this tenant (a counter's delete).
+    pub fn actor_marks_pattern(&self) -> String {
+        format!(
+            "{},{}-*",
+            self.collection("actor_marks"),
+            self.collection("actor_day_marks")
+        )
+    }
+
     /// The bucket indices a read of `window` must search: the monthly
     /// indices it overlaps, comma-separated, so a week reads one or two
     /// indices rather than every month kept. Past [`MAX_NAMED_MONTHS`] months
@@ -191,6 +210,30 @@ pub fn bucket_doc_id(counter_id: &str, day: i64) -> String {
             let _ = write!(hex, "{b:02x}");
         }
         format!("sha256:{hex}@{date}")
+    }
+}
+
+/// The `_id` of an actor mark: `<counter id>@<mark>` (`ever`), with
+/// `@YYYY-MM-DD` for a day mark; as for buckets, the counter id is replaced
+/// by its SHA-256 when the id would pass 512 bytes.
+pub fn mark_doc_id(counter_id: &str, mark: &str, day: Option<i64>) -> String {
+    let date = day.map(|d| {
+        day_start(d)
+            .map(|t| t.format("%Y-%m-%d").to_string())
+            .unwrap_or_else(|| d.to_string())
+    });
+    let suffix = match &date {
+        Some(d) => format!("@{mark}@{d}"),
+        None => format!("@{mark}"),
+    };
+    if counter_id.len() + suffix.len() <= MAX_DOC_ID_BYTES {
+        format!("{counter_id}{suffix}")
+    } else {
+        let mut hex = String::with_capacity(64);
+        for b in sha256(counter_id.as_bytes()) {
+            let _ = write!(hex, "{b:02x}");
+        }
+        format!("sha256:{hex}{suffix}")
     }
 }
 
@@ -738,6 +781,24 @@ mod tests {
         let id = bucket_doc_id(&long, 20_787);
         assert!(id.starts_with("sha256:") && id.len() <= 512, "{id}");
         assert_ne!(id, bucket_doc_id(&"y".repeat(510), 20_787));
+    }
+
+    #[test]
+    fn mark_ids_stay_within_512_bytes_and_never_hold_the_actor() {
+        let mark = "0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            mark_doc_id("ARTICLE_like_a1", mark, None),
+            format!("ARTICLE_like_a1@{mark}")
+        );
+        assert_eq!(
+            mark_doc_id("ARTICLE_VIEW_a1", mark, Some(20_787)),
+            format!("ARTICLE_VIEW_a1@{mark}@2026-11-30")
+        );
+        let long = "x".repeat(500);
+        let id = mark_doc_id(&long, mark, Some(20_787));
+        assert!(id.starts_with("sha256:") && id.len() <= 512, "{id}");
+        assert!(id.ends_with(&format!("@{mark}@2026-11-30")));
+        assert_ne!(id, mark_doc_id(&"y".repeat(500), mark, Some(20_787)));
     }
 
     #[test]

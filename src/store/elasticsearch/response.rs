@@ -124,6 +124,8 @@ pub struct ItemResult {
     pub class: ItemClass,
     /// The document after the update, when `_source` was asked for.
     pub source: Option<Value>,
+    /// The engine answered `result: noop`: the script changed nothing.
+    pub noop: bool,
 }
 
 /// Parses a 200 `_bulk` answer into one result per item sent, in order.
@@ -155,6 +157,7 @@ pub fn parse_bulk(body: &Value, sent: usize) -> Result<Vec<ItemResult>, String> 
             Ok(ItemResult {
                 class: classify_item(status, inner.get("error")),
                 source: inner.pointer("/get/_source").cloned(),
+                noop: inner.get("result").and_then(Value::as_str) == Some("noop"),
             })
         })
         .collect()

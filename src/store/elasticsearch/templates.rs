@@ -22,6 +22,8 @@ const AVERAGE_BUCKET_SCRIPT: &str =
     include_str!("../../../index-templates/scripts/average-bucket-update.painless");
 const COUNTER_SET_SCRIPT: &str =
     include_str!("../../../index-templates/scripts/counter-set.painless");
+const ACTOR_MARK_SCRIPT: &str =
+    include_str!("../../../index-templates/scripts/actor-mark.painless");
 const ILM_BUCKETS: &str = include_str!("../../../index-templates/ilm/bucket-retention.json");
 
 const COMPONENTS: &[(&str, &str)] = &[
@@ -44,6 +46,10 @@ const COMPONENTS: &[(&str, &str)] = &[
     (
         "average-bucket-mappings",
         include_str!("../../../index-templates/component/average-bucket-mappings.json"),
+    ),
+    (
+        "actor-mark-mappings",
+        include_str!("../../../index-templates/component/actor-mark-mappings.json"),
     ),
 ];
 
@@ -69,6 +75,16 @@ const INDEX_TEMPLATES: &[(&str, bool, &str)] = &[
         true,
         include_str!("../../../index-templates/index/average_histogram_counters.json"),
     ),
+    (
+        "actor_marks",
+        false,
+        include_str!("../../../index-templates/index/actor_marks.json"),
+    ),
+    (
+        "actor_day_marks",
+        true,
+        include_str!("../../../index-templates/index/actor_day_marks.json"),
+    ),
 ];
 
 /// The stored script id of the counter update for this prefix.
@@ -92,6 +108,11 @@ pub fn average_bucket_script_id(prefix: &str) -> String {
 /// `backfill.rs`): remembers per day the last set applied, so it is safe to resend.
 pub fn counter_set_script_id(prefix: &str) -> String {
     format!("{prefix}-counter-set-v{SCRIPT_VERSION}")
+}
+
+/// The stored script of actor marks (`unique`; see `marks.rs`).
+pub fn actor_mark_script_id(prefix: &str) -> String {
+    format!("{prefix}-actor-mark-v{SCRIPT_VERSION}")
 }
 
 pub fn ilm_policy_name(prefix: &str) -> String {
@@ -258,6 +279,7 @@ pub fn steps(names: &IndexNames, engine: Engine) -> Vec<Step> {
         (average_script_id(prefix), AVERAGE_SCRIPT),
         (average_bucket_script_id(prefix), AVERAGE_BUCKET_SCRIPT),
         (counter_set_script_id(prefix), COUNTER_SET_SCRIPT),
+        (actor_mark_script_id(prefix), ACTOR_MARK_SCRIPT),
     ] {
         out.push(Step {
             kind: Kind::Script,
@@ -325,7 +347,7 @@ mod tests {
     fn every_file_parses_and_steps_are_ordered() {
         let names = IndexNames::new("counter-gateway", "default").unwrap();
         let s = steps(&names, ES8);
-        assert_eq!(s.len(), 5 + 1 + COMPONENTS.len() + INDEX_TEMPLATES.len());
+        assert_eq!(s.len(), 6 + 1 + COMPONENTS.len() + INDEX_TEMPLATES.len());
         assert_eq!(s[0].path, "/_scripts/counter-gateway-counter-update-v1");
         assert_eq!(
             s[0].put_path,

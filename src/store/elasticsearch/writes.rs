@@ -10,11 +10,57 @@ use elasticsearch::http::Method;
 use serde_json::Value;
 
 use super::client::{search_routing, status_error, TransportError};
-use super::request::{self, DocWrite, Plan, PlanOverflow, Target, WriteSettings};
+use super::request::{self, BulkAction, DocWrite, Plan, PlanOverflow, Target, WriteSettings};
 use super::response::{self, ItemClass, ItemResult};
 use super::{templates, ElasticsearchStore};
-use crate::domain::{Counter, CounterKey, Increment};
+use crate::domain::{Counter, CounterKey, Increment, Kind};
 use crate::store::{BatchOutcome, RequestOutcome, StoreError, WriteBatch};
+
+/// What became of one event of a flush on its counter (or average)
+/// document: what the marks of `unique` events are settled by (`marks.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fate {
+    /// Its document took the update.
+    Counted,
+    /// Its document did not take it (or it was undone).
+    NotApplied,
+    /// Nobody knows (an answer lost, an undo that failed).
+    Unknown,
+}
+
+/// Per request and event, the fate of each event of `requests`, from the
+/// results of `plan`'s writes (an event's fate is its counter's write).
+fn fates_of(plan: &Plan, results: &[ItemResult], requests: &[&[Increment]]) -> Vec<Vec<Fate>> {
+    let mut main: HashMap<(bool, &CounterKey), usize> = HashMap::new();
+    for (i, w) in plan.writes.iter().enumerate() {
+        match w.target {
+            Target::Counter => main.insert((false, &w.key), i),
+            Target::Average => main.insert((true, &w.key), i),
+            _ => None,
+        };
+    }
+    requests
+        .iter()
+        .map(|events| {
+            events
+                .iter()
+                .map(|e| {
+                    let average = matches!(e.kind, Kind::Sample { .. });
+                    match main.get(&(average, &e.key)).map(|&w| &results[w].class) {
+                        Some(ItemClass::Done) => Fate::Counted,
+                        Some(ItemClass::Unknown(_)) | None => Fate::Unknown,
+                        Some(_) => Fate::NotApplied,
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Every event of `requests` with one fate.
+fn all_fates(requests: &[&[Increment]], fate: Fate) -> Vec<Vec<Fate>> {
+    requests.iter().map(|r| vec![fate; r.len()]).collect()
+}
 
 /// Most items in one `_bulk` request: a few thousand, as Elasticsearch advises;
 /// flushes with more distinct documents are sent as several requests.
@@ -51,20 +97,37 @@ impl ElasticsearchStore {
     /// Applies a flush as runs of requests ([`runs_by_id_events`]), one
     /// plan each, in order; almost every flush is one run.
     pub(super) async fn apply_batch(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
-        let all: Vec<&[Increment]> = batch.requests.iter().map(Vec::as_slice).collect();
+        if batch.requests.iter().flatten().any(|e| e.unique.is_some()) {
+            return self.apply_marked(batch).await;
+        }
+        self.apply_requests(&batch.requests, &batch.wanted, None)
+            .await
+    }
+
+    /// Applies `requests` as runs of requests ([`runs_by_id_events`]), one
+    /// plan each, in order; almost every flush is one run. With `fates`,
+    /// also says what became of each event (for the marks).
+    pub(super) async fn apply_requests(
+        &self,
+        requests: &[Vec<Increment>],
+        wanted: &HashSet<CounterKey>,
+        mut fates: Option<&mut Vec<Vec<Fate>>>,
+    ) -> Result<BatchOutcome, StoreError> {
+        let all: Vec<&[Increment]> = requests.iter().map(Vec::as_slice).collect();
         self.ensure_bucket_indices(&all).await;
-        let ids: Vec<usize> = batch
-            .requests
+        let ids: Vec<usize> = requests
             .iter()
             .map(|r| r.iter().filter(|i| i.id.is_some()).count())
             .collect();
         let runs = runs_by_id_events(&ids, MAX_ID_EVENTS_PER_PLAN);
         if runs.len() <= 1 {
-            return self.apply_run(&batch.requests, &batch.wanted).await;
+            return self.apply_run(requests, wanted, fates).await;
         }
         let mut out = BatchOutcome::default();
         for run in runs {
-            let part = self.apply_run(&batch.requests[run], &batch.wanted).await?;
+            let part = self
+                .apply_run(&requests[run], wanted, fates.as_deref_mut())
+                .await?;
             out.requests.extend(part.requests);
             out.counters.extend(part.counters);
             out.store_writes += part.store_writes;
@@ -72,20 +135,28 @@ impl ElasticsearchStore {
         Ok(out)
     }
 
+    /// One plan; with `fates`, the fate of each of its events is appended.
     async fn apply_run(
         &self,
         batch: &[Vec<Increment>],
         wanted: &HashSet<CounterKey>,
+        mut fates: Option<&mut Vec<Vec<Fate>>>,
     ) -> Result<BatchOutcome, StoreError> {
         let settings = self.settings(self.clock.now_ms());
         let requests: Vec<&[Increment]> = batch.iter().map(Vec::as_slice).collect();
         let mut out = BatchOutcome::default();
+        let mut record = |f: Vec<Vec<Fate>>| {
+            if let Some(fates) = fates.as_deref_mut() {
+                fates.extend(f);
+            }
+        };
         if let Ok(plan) = request::plan(&requests) {
             let (results, sent) = self.send_writes(&plan.writes, &settings).await;
             out.store_writes += sent;
             if !results.iter().any(is_overflow) {
                 out.requests = outcomes(&plan, &results);
                 counters_after(&plan, &results, wanted, &mut out.counters);
+                record(fates_of(&plan, &results, &requests));
                 return Ok(out);
             }
             if results
@@ -96,6 +167,7 @@ impl ElasticsearchStore {
                 // is known and fail the flush instead.
                 self.undo(&plan.writes, &results, &settings, &mut out.store_writes)
                     .await;
+                record(all_fates(&requests, Fate::Unknown));
                 out.requests = vec![
                     RequestOutcome::Failed {
                         reason: "an addition overflowed and some items of the flush have an unknown outcome".into()
@@ -116,13 +188,18 @@ impl ElasticsearchStore {
                     };
                     requests.len()
                 ];
+                record(all_fates(&requests, Fate::Unknown));
                 return Ok(out);
             }
         }
         // One request at a time: exactly the overflowing ones are refused.
         for events in &requests {
-            let outcome = match request::plan(std::slice::from_ref(events)) {
-                Err(PlanOverflow(key)) => RequestOutcome::Overflow { key },
+            let one = std::slice::from_ref(events);
+            let (outcome, fate) = match request::plan(one) {
+                Err(PlanOverflow(key)) => (
+                    RequestOutcome::Overflow { key },
+                    all_fates(one, Fate::NotApplied),
+                ),
                 Ok(plan) => {
                     let (results, sent) = self.send_writes(&plan.writes, &settings).await;
                     out.store_writes += sent;
@@ -131,28 +208,41 @@ impl ElasticsearchStore {
                             .undo(&plan.writes, &results, &settings, &mut out.store_writes)
                             .await
                         {
-                            RequestOutcome::Overflow {
-                                key: plan.writes[w].key.clone(),
-                            }
+                            (
+                                RequestOutcome::Overflow {
+                                    key: plan.writes[w].key.clone(),
+                                },
+                                all_fates(one, Fate::NotApplied),
+                            )
                         } else {
-                            RequestOutcome::Failed {
+                            (RequestOutcome::Failed {
                                 reason: "an addition overflowed and undoing the rest of the request failed".into(),
-                            }
+                            }, all_fates(one, Fate::Unknown))
                         }
                     } else {
                         counters_after(&plan, &results, wanted, &mut out.counters);
-                        outcomes(&plan, &results).remove(0)
+                        (
+                            outcomes(&plan, &results).remove(0),
+                            fates_of(&plan, &results, one),
+                        )
                     }
                 }
             };
             out.requests.push(outcome);
+            record(fate);
         }
         Ok(out)
     }
 
     pub(super) async fn delete_counter(&self, key: &CounterKey) -> Result<bool, StoreError> {
         let id = key.doc_id();
-        let pattern = self.config.names.buckets_pattern();
+        // Its buckets and its actor marks (a counter made again starts with
+        // no likes and no views).
+        let pattern = format!(
+            "{},{}",
+            self.config.names.buckets_pattern(),
+            self.config.names.actor_marks_pattern()
+        );
         let lenient = [("ignore_unavailable", "true"), ("allow_no_indices", "true")];
         let (status, answer) = self
             .call(
@@ -246,8 +336,18 @@ impl ElasticsearchStore {
             .iter()
             .map(|w| request::action(w, &self.config.names, settings))
             .collect();
-        let mut results: Vec<Option<ItemResult>> = vec![None; writes.len()];
-        let mut pending: Vec<usize> = (0..writes.len()).collect();
+        self.send_actions(&actions, settings.retry_on_conflict)
+            .await
+    }
+
+    /// [`Self::send_writes`] for actions already built (the marks').
+    pub(super) async fn send_actions(
+        &self,
+        actions: &[BulkAction],
+        retry_on_conflict: u32,
+    ) -> (Vec<ItemResult>, usize) {
+        let mut results: Vec<Option<ItemResult>> = vec![None; actions.len()];
+        let mut pending: Vec<usize> = (0..actions.len()).collect();
         let mut reasons: HashMap<usize, String> = HashMap::new();
         let mut sent = 0;
         let mut waited = Duration::ZERO;
@@ -257,6 +357,7 @@ impl ElasticsearchStore {
             results[i] = Some(ItemResult {
                 class,
                 source: None,
+                noop: false,
             });
         };
         while !pending.is_empty() {
@@ -265,7 +366,7 @@ impl ElasticsearchStore {
             // flush stays well under Elasticsearch's request size limit.
             for chunk in pending.chunks(MAX_BULK_ITEMS) {
                 let batch: Vec<_> = chunk.iter().map(|&i| &actions[i]).collect();
-                let body = request::bulk_body(&batch, settings.retry_on_conflict);
+                let body = request::bulk_body(&batch, retry_on_conflict);
                 sent += chunk.len();
                 let answer = self
                     .raw_call(
@@ -365,6 +466,7 @@ impl ElasticsearchStore {
                 r.unwrap_or(ItemResult {
                     class: ItemClass::Rejected("no answer".into()),
                     source: None,
+                    noop: false,
                 })
             })
             .collect();

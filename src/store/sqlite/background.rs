@@ -1,7 +1,7 @@
 //! The one background worker of every embedded store in the process: a
 //! single thread that gives each open store a turn in round-robin order
-//! (idempotency-id expiry, id counting, bucket retention, window roll-up),
-//! so that 1,000 tenants cost one thread, not 1,000.
+//! (idempotency-id expiry, id counting, bucket and day-mark retention,
+//! window roll-up), so that 1,000 tenants cost one thread, not 1,000.
 //!
 //! Why this shape:
 //! - The worker holds only weak references to a store's connections: a
@@ -254,6 +254,16 @@ fn work(job: &Job, conn: &mut Connection, expired: &mut bool, hurry: &mut bool) 
         Ok(_) => nothing_to_do = false,
         Err(e) => {
             tracing::warn!("bucket retention failed (retried later): {e}");
+            nothing_to_do = false;
+        }
+    }
+    // Views' marks of days no event is accepted for any more.
+    let oldest_day = today - i64::from(job.retention_days);
+    match super::marks::expire(conn, oldest_day, RETAIN_BUDGET) {
+        Ok(0) => {}
+        Ok(_) => nothing_to_do = false,
+        Err(e) => {
+            tracing::warn!("actor mark retention failed (retried later): {e}");
             nothing_to_do = false;
         }
     }

@@ -1,0 +1,191 @@
+//! Counting once per person: the `actor` an event names (a user id, or
+//! anything stable the page has) and the scope of its uniqueness, `ever` (a
+//! like) or `day` (a view).
+//!
+//! The raw actor never leaves the edge. What the stores keep is a [`Mark`]:
+//! HMAC-SHA256, keyed with the gateway's actor secret, over the counter's
+//! document id and the actor, cut to 128 bits. Keyed, so that the stored
+//! marks cannot be matched against a list of likely actors (e-mail
+//! addresses, user ids) without the secret; over the counter too, so that
+//! even with the store in hand one cannot tell that the same actor liked two
+//! different counters (no profile across counters can be read from it).
+
+use std::sync::Arc;
+
+use super::CounterKey;
+
+/// Longest accepted actor, in bytes.
+pub const MAX_ACTOR_BYTES: usize = 256;
+
+/// Shortest accepted actor secret, in bytes: 128 bits of a random one.
+pub const MIN_ACTOR_SECRET_BYTES: usize = 16;
+
+/// How long an actor's uniqueness lasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Once per actor and counter, for good: a like. A decrement takes it
+    /// back (an unlike), after which the actor may count again.
+    Ever,
+    /// Once per actor, counter and UTC day of the event: a view. Not taken
+    /// back.
+    Day,
+}
+
+impl Scope {
+    pub fn parse(raw: &str) -> Result<Scope, String> {
+        match raw {
+            "ever" => Ok(Scope::Ever),
+            "day" => Ok(Scope::Day),
+            other => Err(format!(
+                "unique must be \"ever\" (once per actor and counter) or \"day\" (once per actor, counter and UTC day), not {other:?}"
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Ever => "ever",
+            Scope::Day => "day",
+        }
+    }
+}
+
+/// The keyed hash of one actor on one counter: all a store keeps of the actor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Mark(pub [u8; 16]);
+
+impl Mark {
+    /// Lower-case hex, 32 characters (document ids on Elasticsearch).
+    pub fn hex(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::with_capacity(32);
+        for b in self.0 {
+            let _ = write!(s, "{b:02x}");
+        }
+        s
+    }
+}
+
+/// What an event with `unique` asks of the store: count it only if this
+/// mark (in this scope, and for `day` on the event's day) allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unique {
+    pub scope: Scope,
+    pub mark: Mark,
+}
+
+/// The actor secret the marks are keyed with; `None`: the gateway has none,
+/// and events with `unique` are refused.
+#[derive(Clone, Default)]
+pub struct ActorKey(Option<Arc<ring::hmac::Key>>);
+
+impl std::fmt::Debug for ActorKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the secret, not even in a debug print.
+        f.write_str(if self.0.is_some() {
+            "ActorKey(set)"
+        } else {
+            "ActorKey(none)"
+        })
+    }
+}
+
+/// Keeps the marks of one version apart from any other use of the secret.
+const MARK_CONTEXT: &[u8] = b"counter-gateway actor mark v1\0";
+
+impl ActorKey {
+    /// A key from `secret`, which must hold at least
+    /// [`MIN_ACTOR_SECRET_BYTES`] bytes.
+    pub fn new(secret: &[u8]) -> Result<ActorKey, String> {
+        if secret.len() < MIN_ACTOR_SECRET_BYTES {
+            return Err(format!(
+                "the actor secret is {} bytes; it needs at least {MIN_ACTOR_SECRET_BYTES} (e.g. `head -c 32 /dev/urandom | base64`)",
+                secret.len()
+            ));
+        }
+        Ok(ActorKey(Some(Arc::new(ring::hmac::Key::new(
+            ring::hmac::HMAC_SHA256,
+            secret,
+        )))))
+    }
+
+    /// No secret: `unique` is refused.
+    pub fn none() -> ActorKey {
+        ActorKey(None)
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The mark of `actor` on `key`; `None` without a secret.
+    pub fn mark(&self, key: &CounterKey, actor: &str) -> Option<Mark> {
+        let k = self.0.as_ref()?;
+        let mut ctx = ring::hmac::Context::with_key(k);
+        ctx.update(MARK_CONTEXT);
+        // The document id is injective, and an actor holds no control
+        // character: the NUL between them cannot be shifted.
+        ctx.update(key.doc_id().as_bytes());
+        ctx.update(b"\0");
+        ctx.update(actor.as_bytes());
+        let tag = ctx.sign();
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&tag.as_ref()[..16]);
+        Some(Mark(out))
+    }
+}
+
+/// Checks an actor as the API accepts it; the error names the field.
+pub fn validate_actor(actor: &str) -> Result<(), String> {
+    if actor.is_empty() {
+        return Err("actor must not be empty".into());
+    }
+    if actor.len() > MAX_ACTOR_BYTES {
+        return Err(format!(
+            "actor is {} bytes, over the limit of {MAX_ACTOR_BYTES}",
+            actor.len()
+        ));
+    }
+    if actor.chars().any(char::is_control) {
+        return Err("actor contains a control character".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(u: &str) -> CounterKey {
+        CounterKey::new("ARTICLE", "like", u).unwrap()
+    }
+
+    #[test]
+    fn marks_are_keyed_and_differ_per_counter_and_actor() {
+        let a = ActorKey::new(b"0123456789abcdef").unwrap();
+        let b = ActorKey::new(b"fedcba9876543210").unwrap();
+        let m = a.mark(&key("a1"), "alice").unwrap();
+        assert_eq!(m, a.mark(&key("a1"), "alice").unwrap());
+        assert_ne!(m, a.mark(&key("a2"), "alice").unwrap());
+        assert_ne!(m, a.mark(&key("a1"), "bob").unwrap());
+        assert_ne!(m, b.mark(&key("a1"), "alice").unwrap());
+        assert_eq!(m.hex().len(), 32);
+        assert!(ActorKey::none().mark(&key("a1"), "alice").is_none());
+        assert!(ActorKey::new(b"short").unwrap_err().contains("16"));
+        assert_eq!(format!("{a:?}"), "ActorKey(set)");
+    }
+
+    #[test]
+    fn actors_and_scopes_are_checked() {
+        assert!(validate_actor("user-42").is_ok());
+        assert!(validate_actor("").unwrap_err().starts_with("actor"));
+        assert!(validate_actor(&"x".repeat(257))
+            .unwrap_err()
+            .contains("257 bytes"));
+        assert!(validate_actor(&"é".repeat(128)).is_ok());
+        assert!(validate_actor("a\tb").unwrap_err().contains("control"));
+        assert_eq!(Scope::parse("ever"), Ok(Scope::Ever));
+        assert_eq!(Scope::parse("day"), Ok(Scope::Day));
+        assert!(Scope::parse("week").unwrap_err().starts_with("unique"));
+    }
+}

@@ -1,0 +1,259 @@
+//! Marks of actors: what the embedded store keeps to count an event with
+//! `unique` once per actor (see `crate::domain::Unique`).
+//!
+//! A mark is claimed inside the flush's own transaction, after the event's
+//! idempotency id and before the event is coalesced, so counting is exact:
+//! the mark and the count commit together or not at all (an overflowing
+//! request rolls back both). Two tables, both clustered by their primary key:
+//!
+//! - `actor_marks (ckey, mark)`: `ever` marks (likes). Present while the
+//!   actor's like counts; an unlike deletes it.
+//! - `actor_day_marks (day, ckey, mark)`: `day` marks (views), by UTC day
+//!   first, so the retention deletes the oldest days as a range, like buckets.
+//!
+//! `ckey` is 16 bytes of SHA-256 of the counter's document id, so marks need
+//! no counter row (the counter may be created by the very flush that claims
+//! its first mark) and a counter's marks are found for its delete. `mark` is
+//! the keyed hash of the actor on that counter: never the actor itself.
+
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, Connection};
+
+use super::internal;
+use crate::domain::{CounterKey, Increment, Scope};
+use crate::store::StoreError;
+
+/// Created with the rest of the schema when a store opens.
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS actor_marks (
+    ckey BLOB NOT NULL,
+    mark BLOB NOT NULL,
+    PRIMARY KEY (ckey, mark)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS actor_day_marks (
+    day  INTEGER NOT NULL,
+    ckey BLOB    NOT NULL,
+    mark BLOB    NOT NULL,
+    PRIMARY KEY (day, ckey, mark)
+) WITHOUT ROWID;
+";
+
+/// Day marks deleted per statement of the background retention, each its
+/// own transaction (as buckets are).
+const RETAIN_BATCH: i64 = 5_000;
+
+/// The counter part of a mark's key.
+fn ckey(key: &CounterKey) -> [u8; 16] {
+    let d = ring::digest::digest(&ring::digest::SHA256, key.doc_id().as_bytes());
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d.as_ref()[..16]);
+    out
+}
+
+/// Claims the marks of the events of one request that carry `unique`, in
+/// order, inside the caller's transaction. `skip` holds, per event, whether
+/// it is already left out (its id was counted before): such an event leaves
+/// its mark alone. An event whose mark says its actor was counted already
+/// (or, for an unlike, has nothing to take back) is set to be skipped too.
+/// Returns how many were, the request's repeats.
+///
+/// A like inserts the `ever` mark and counts only if it was not there; an
+/// unlike deletes it and counts only if it was; a view inserts the mark of
+/// its day. Events of one request on one mark see each other in order.
+pub(super) fn claim(
+    tx: &Connection,
+    events: &[Increment],
+    skip: &mut [bool],
+) -> Result<u32, StoreError> {
+    if events.iter().all(|e| e.unique.is_none()) {
+        return Ok(0);
+    }
+    let mut like = tx
+        .prepare_cached("INSERT OR IGNORE INTO actor_marks (ckey, mark) VALUES (?1, ?2)")
+        .map_err(internal)?;
+    let mut unlike = tx
+        .prepare_cached("DELETE FROM actor_marks WHERE ckey = ?1 AND mark = ?2")
+        .map_err(internal)?;
+    let mut view = tx
+        .prepare_cached(
+            "INSERT OR IGNORE INTO actor_day_marks (day, ckey, mark) VALUES (?1, ?2, ?3)",
+        )
+        .map_err(internal)?;
+    let mut repeats = 0;
+    for (e, skip) in events.iter().zip(skip.iter_mut()) {
+        let Some(u) = &e.unique else { continue };
+        if *skip {
+            continue;
+        }
+        let (c, m) = (ckey(&e.key), &u.mark.0[..]);
+        let changed = match u.scope {
+            Scope::Ever if e.delta > 0 => like.execute(params![&c[..], m]),
+            Scope::Ever => unlike.execute(params![&c[..], m]),
+            Scope::Day => view.execute(params![e.day, &c[..], m]),
+        }
+        .map_err(internal)?;
+        if changed == 0 {
+            *skip = true;
+            repeats += 1;
+        }
+    }
+    Ok(repeats)
+}
+
+/// Forgets every mark of a deleted counter, in the delete's transaction:
+/// a counter made again starts with no likes and no views.
+pub(super) fn forget(tx: &Connection, key: &CounterKey) -> Result<(), StoreError> {
+    let c = ckey(key);
+    tx.execute("DELETE FROM actor_marks WHERE ckey = ?1", [&c[..]])
+        .map_err(internal)?;
+    // Day marks are clustered by day: one range per kept day, a few hundred
+    // seeks, rather than a scan of every view.
+    let (first, last): (Option<i64>, Option<i64>) = tx
+        .query_row("SELECT min(day), max(day) FROM actor_day_marks", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .map_err(internal)?;
+    if let (Some(first), Some(last)) = (first, last) {
+        let mut s = tx
+            .prepare_cached("DELETE FROM actor_day_marks WHERE day = ?1 AND ckey = ?2")
+            .map_err(internal)?;
+        for day in first..=last {
+            s.execute(params![day, &c[..]]).map_err(internal)?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the day marks of days before `oldest_day` (the oldest day an
+/// event is still accepted for: older marks can never decide anything),
+/// oldest first, in batches of [`RETAIN_BATCH`] (each its own transaction),
+/// until none is left or `budget` is spent. Returns how many were deleted.
+pub(super) fn expire(
+    conn: &Connection,
+    oldest_day: i64,
+    budget: Duration,
+) -> Result<u64, StoreError> {
+    let started = Instant::now();
+    let mut s = conn
+        .prepare_cached(
+            "DELETE FROM actor_day_marks WHERE (day, ckey, mark) IN (
+                 SELECT day, ckey, mark FROM actor_day_marks WHERE day < ?1
+                 ORDER BY day, ckey, mark LIMIT ?2)",
+        )
+        .map_err(internal)?;
+    let mut deleted = 0u64;
+    loop {
+        let n = s
+            .execute(params![oldest_day, RETAIN_BATCH])
+            .map_err(internal)?;
+        deleted += n as u64;
+        if (n as i64) < RETAIN_BATCH || started.elapsed() >= budget {
+            return Ok(deleted);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{ActorKey, Kind, Unique};
+
+    const DAY: i64 = 21_974;
+
+    fn db() -> Connection {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(SCHEMA).unwrap();
+        c
+    }
+
+    fn ev(uuid: &str, actor: &str, scope: Scope, delta: i64, day: i64) -> Increment {
+        let key = CounterKey::new("ARTICLE", "like", uuid).unwrap();
+        let secret = ActorKey::new(b"0123456789abcdef").unwrap();
+        Increment {
+            unique: Some(Unique {
+                scope,
+                mark: secret.mark(&key, actor).unwrap(),
+            }),
+            key,
+            delta,
+            category: None,
+            ts_ms: day * 86_400_000,
+            day,
+            id: None,
+            kind: Kind::Counter,
+        }
+    }
+
+    fn claimed(c: &Connection, events: &[Increment]) -> Vec<bool> {
+        let mut skip = vec![false; events.len()];
+        let repeats = claim(c, events, &mut skip).unwrap();
+        assert_eq!(repeats as usize, skip.iter().filter(|s| **s).count());
+        skip.iter().map(|s| !s).collect()
+    }
+
+    #[test]
+    fn likes_count_once_and_unlikes_take_back_only_a_like() {
+        let c = db();
+        let like = |a| ev("a1", a, Scope::Ever, 1, DAY);
+        let unlike = |a| ev("a1", a, Scope::Ever, -1, DAY);
+        // Alice likes twice, Bob unlikes what he never liked, then likes.
+        assert_eq!(
+            claimed(
+                &c,
+                &[like("alice"), like("alice"), unlike("bob"), like("bob")]
+            ),
+            vec![true, false, false, true]
+        );
+        // Alice unlikes twice (the second has nothing left), then likes again.
+        assert_eq!(
+            claimed(&c, &[unlike("alice"), unlike("alice"), like("alice")]),
+            vec![true, false, true]
+        );
+        // Another counter is another like.
+        assert_eq!(
+            claimed(&c, &[ev("a2", "alice", Scope::Ever, 1, DAY)]),
+            vec![true]
+        );
+    }
+
+    #[test]
+    fn views_count_once_a_day_and_expire_with_the_retention() {
+        let c = db();
+        let view = |d| ev("a1", "alice", Scope::Day, 1, d);
+        assert_eq!(
+            claimed(&c, &[view(DAY), view(DAY), view(DAY + 1)]),
+            vec![true, false, true]
+        );
+        assert_eq!(expire(&c, DAY + 1, Duration::from_secs(5)).unwrap(), 1);
+        assert_eq!(claimed(&c, &[view(DAY + 1)]), vec![false]);
+    }
+
+    #[test]
+    fn a_skipped_event_leaves_its_mark_alone_and_a_delete_forgets_them_all() {
+        let c = db();
+        let events = [ev("a1", "alice", Scope::Ever, 1, DAY)];
+        let mut skip = vec![true];
+        assert_eq!(claim(&c, &events, &mut skip).unwrap(), 0);
+        assert_eq!(claimed(&c, &events), vec![true]);
+        assert_eq!(
+            claimed(&c, &[ev("a1", "bob", Scope::Day, 1, DAY - 3)]),
+            vec![true]
+        );
+        assert_eq!(
+            claimed(&c, &[ev("a2", "bob", Scope::Day, 1, DAY - 3)]),
+            vec![true]
+        );
+        forget(&c, &CounterKey::new("ARTICLE", "like", "a1").unwrap()).unwrap();
+        assert_eq!(claimed(&c, &events), vec![true]);
+        assert_eq!(
+            claimed(&c, &[ev("a1", "bob", Scope::Day, 1, DAY - 3)]),
+            vec![true]
+        );
+        // The other counter's view stays.
+        assert_eq!(
+            claimed(&c, &[ev("a2", "bob", Scope::Day, 1, DAY - 3)]),
+            vec![false]
+        );
+    }
+}

@@ -1,0 +1,291 @@
+//! Once per actor and limits per actor over HTTP on the embedded store:
+//! what the shared scenario (`conformance/scenarios/actors.json`) cannot
+//! show because it is about one store's files or the process: the beacon
+//! form, the raw actor never written, the generated secret kept across a
+//! restart, marks surviving a restart, the retention of day marks, the
+//! metrics, and start-up refusing a limit that does not parse.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::time::Duration;
+
+use common::{assert_error, counter_path, Options, TestApp};
+use serde_json::{json, Value};
+
+fn like(actor: &str) -> Value {
+    json!({"actor": actor, "unique": "ever"})
+}
+
+/// Every byte of the embedded store's files (database and write-ahead log).
+fn store_bytes(dir: &std::path::Path) -> Vec<u8> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with(counter_gateway::store::sqlite::DB_FILE) {
+            all.extend(std::fs::read(&path).unwrap());
+        }
+    }
+    all
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[tokio::test]
+async fn a_beacon_counts_each_visitor_once_a_day() {
+    let app = TestApp::start().await;
+    // navigator.sendBeacon sends text/plain; the gateway reads it as JSON.
+    let body = json!({"events": [
+        {"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "actor": "visitor-1", "unique": "day"},
+        {"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "actor": "visitor-1", "unique": "day"},
+        {"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "actor": "visitor-2", "unique": "day"}
+    ]})
+    .to_string();
+    let r = app
+        .post_raw("/v1/events", Some("text/plain;charset=UTF-8"), body.clone())
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json,
+        json!({"accepted": 2, "duplicates": 0, "repeats": 1})
+    );
+    let r = app
+        .post_raw("/v1/events", Some("text/plain;charset=UTF-8"), body)
+        .await;
+    assert_eq!(
+        r.json,
+        json!({"accepted": 0, "duplicates": 0, "repeats": 3})
+    );
+    assert_eq!(app.value("ARTICLE", "VIEW", "a1").await, Some(2));
+    assert_eq!(app.metric("counter_gateway_actor_repeats_total").await, 4.0);
+    // A bad scope in a beacon is refused like in JSON, naming the event.
+    let bad = json!({"events": [{"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "actor": "v", "unique": "hour"}]});
+    let r = app
+        .post_raw("/v1/events", Some("text/plain"), bad.to_string())
+        .await;
+    assert_error(&r, 400, "invalid_events", &[]);
+    assert_eq!(r.json["error"]["details"][0]["index"], 0);
+}
+
+#[tokio::test]
+async fn the_raw_actor_is_never_written_and_marks_survive_a_restart() {
+    let app = TestApp::start().await;
+    let actor = "person-4c1e9a@example.org";
+    let r = app.increment("ARTICLE", "like", "a1", like(actor)).await;
+    assert_eq!(
+        (r.status, &r.json["counted"]),
+        (200, &json!(true)),
+        "{}",
+        r.text
+    );
+    let view = json!({"actor": actor, "unique": "day"});
+    assert_eq!(
+        app.increment("ARTICLE", "VIEW", "a1", view.clone())
+            .await
+            .status,
+        200
+    );
+    let bytes = store_bytes(app.data_dir());
+    assert!(!bytes.is_empty());
+    assert!(
+        !contains(&bytes, actor.as_bytes()),
+        "the raw actor is in the store"
+    );
+    assert!(
+        !contains(&bytes, b"4c1e9a"),
+        "part of the raw actor is in the store"
+    );
+    // A restart reads the same secret from the data directory: the marks
+    // still match, so the actor is not counted again.
+    let app = app.restart().await;
+    let r = app.increment("ARTICLE", "like", "a1", like(actor)).await;
+    assert_eq!(r.json["counted"], false, "{}", r.text);
+    assert_eq!(r.json["skipped"], "repeat");
+    let r = app.increment("ARTICLE", "VIEW", "a1", view).await;
+    assert_eq!(r.json["skipped"], "repeat", "{}", r.text);
+    assert_eq!(app.value("ARTICLE", "like", "a1").await, Some(1));
+    let secret =
+        std::fs::read_to_string(app.data_dir().join(counter_gateway::actors::SECRET_FILE)).unwrap();
+    assert_eq!(secret.len(), 64);
+}
+
+#[tokio::test]
+async fn another_secret_makes_other_marks() {
+    // The same data, read with a secret given by the operator instead of
+    // the generated one: the marks are keyed, so they no longer match.
+    let app = TestApp::start().await;
+    assert_eq!(
+        app.increment("ARTICLE", "like", "a1", like("alice"))
+            .await
+            .json["counted"],
+        true
+    );
+    let (dir, mut options) = app.stop().await;
+    options.actor_secret = Some("an operator's own secret, 32 bytes".into());
+    let app = TestApp::start_in_dir(dir, options).await;
+    let r = app.increment("ARTICLE", "like", "a1", like("alice")).await;
+    assert_eq!(
+        (r.json["counted"].clone(), r.json["value"].clone()),
+        (json!(true), json!(2)),
+        "{}",
+        r.text
+    );
+}
+
+#[tokio::test]
+async fn views_marks_expire_with_the_bucket_retention() {
+    let options = Options::default();
+    let clock = options.clock.clone();
+    let app = TestApp::start_with(options).await;
+    let retention = i64::from(app.options.time_policy.retention_days);
+    // A view of the oldest day still accepted, and one of today.
+    let oldest = common::test_now() - chrono::Duration::days(retention - 1);
+    let old_view = json!({"actor": "alice", "unique": "day", "timestamp": common::rfc3339(oldest)});
+    let view = json!({"actor": "alice", "unique": "day"});
+    for body in [&old_view, &view] {
+        let r = app.increment("ARTICLE", "VIEW", "a1", body.clone()).await;
+        assert_eq!(r.json["counted"], true, "{}", r.text);
+    }
+    let marks = |dir: &std::path::Path| -> i64 {
+        let c =
+            rusqlite::Connection::open(dir.join(counter_gateway::store::sqlite::DB_FILE)).unwrap();
+        c.query_row("SELECT count(*) FROM actor_day_marks", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(marks(app.data_dir()), 2);
+    // Two days on, the old day is past the retention: its mark goes, in
+    // the background; today's stays.
+    clock.set(common::test_now() + chrono::Duration::days(2));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while marks(app.data_dir()) > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the mark of a day past the retention is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = app
+        .increment("ARTICLE", "VIEW", "a1", json!({"actor": "alice", "unique": "day", "timestamp": common::rfc3339(common::test_now())}))
+        .await;
+    assert_eq!(r.json["skipped"], "repeat", "{}", r.text);
+}
+
+#[tokio::test]
+async fn a_limit_per_actor_answers_429_with_retry_after_and_is_counted() {
+    let options = Options {
+        actor_limits: vec!["like: 2 per minute per actor".into()],
+        ..Options::default()
+    };
+    let clock = options.clock.clone();
+    let app = TestApp::start_with(options).await;
+    let path = counter_path("ARTICLE", "like", "a1", "/increment");
+    for _ in 0..2 {
+        assert_eq!(app.post(&path, json!({"actor": "bot-7"})).await.status, 200);
+    }
+    let r = app.post(&path, json!({"actor": "bot-7"})).await;
+    assert_error(&r, 429, "throttled", &["like: 2 per minute per actor"]);
+    assert_eq!(r.header("retry-after"), Some("30"));
+    assert_eq!(app.metric("counter_gateway_throttled_total").await, 1.0);
+    // A count takes as many tokens: 3 at once never fits a rule of 2.
+    let r = app.post(&path, json!({"actor": "bot-8", "count": 3})).await;
+    assert_error(&r, 429, "throttled", &["whole period"]);
+    assert_eq!(r.header("retry-after"), Some("60"));
+    // Half a minute on, one more like of bot-7 passes.
+    clock.set(common::test_now() + chrono::Duration::seconds(30));
+    assert_eq!(app.post(&path, json!({"actor": "bot-7"})).await.status, 200);
+    assert_eq!(app.value("ARTICLE", "like", "a1").await, Some(3));
+}
+
+#[tokio::test]
+async fn start_up_refuses_a_limit_that_does_not_parse_or_a_short_secret() {
+    use clap::Parser as _;
+    use counter_gateway::config::{Cli, Command};
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |extra: &[&str]| {
+        let mut argv = vec![
+            "counter-gateway",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+        ];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Serve(a) => *a,
+            _ => unreachable!("a serve command line"),
+        }
+    };
+    let e =
+        counter_gateway::server::serve(serve(&["--actor-limit", "like: 10 per week per actor"]))
+            .await
+            .unwrap_err();
+    assert!(
+        e.contains("like: 10 per week per actor") && e.contains("week"),
+        "{e}"
+    );
+    let e = counter_gateway::server::serve(serve(&["--actor-secret", "short"]))
+        .await
+        .unwrap_err();
+    assert!(e.contains("--actor-secret"), "{e}");
+    // Refused before any I/O: no store was opened.
+    assert!(!dir
+        .path()
+        .join(counter_gateway::store::sqlite::DB_FILE)
+        .exists());
+}
+
+/// A single increment that was a repeat (or a duplicate id) is answered
+/// from its own flush: the store reads the wanted counter in the flush's
+/// transaction, so the request needs no read of its own afterwards.
+#[tokio::test]
+async fn a_repeat_is_answered_from_its_own_flush() {
+    use counter_gateway::domain::{ActorKey, CounterKey, Increment, IncrementSpec, Interner};
+    use counter_gateway::store::sqlite::{Durability, SqliteStore};
+    use counter_gateway::store::{Store, WriteBatch};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = counter_gateway::domain::ManualClock::new(common::test_now());
+    let store = SqliteStore::open(
+        dir.path(),
+        Durability::Relaxed,
+        Duration::from_secs(3600),
+        400,
+        clock.clock(),
+    )
+    .unwrap();
+    let secret = ActorKey::new(b"0123456789abcdef").unwrap();
+    let like = |id: Option<&'static str>| {
+        let spec = IncrementSpec {
+            entity: "ARTICLE",
+            action: "like",
+            uuid: "a1",
+            actor: Some("alice"),
+            unique: Some("ever"),
+            id,
+            ..Default::default()
+        };
+        Increment::from_event(
+            &spec,
+            &Default::default(),
+            common::test_now(),
+            &mut Interner::default(),
+            &secret,
+        )
+        .unwrap()
+    };
+    let key = CounterKey::new("ARTICLE", "like", "a1").unwrap();
+    let flush = |inc: Increment| WriteBatch {
+        requests: vec![vec![inc]],
+        wanted: [key.clone()].into(),
+    };
+    let out = store.apply(flush(like(Some("x")))).await.unwrap();
+    assert_eq!(out.counters[&key].value, 1);
+    for again in [like(None), like(Some("x"))] {
+        let out = store.apply(flush(again)).await.unwrap();
+        assert_eq!(out.counters[&key].value, 1, "{out:?}");
+        assert_eq!(out.store_writes, 0, "nothing written: {out:?}");
+    }
+}
