@@ -198,6 +198,13 @@ pub struct ServeArgs {
     #[arg(long, env = "COUNTER_GATEWAY_COUNTERS_CACHE_MAX_AGE", value_parser = humantime::parse_duration)]
     pub counters_cache_max_age: Option<Duration>,
 
+    /// Count known crawlers in browser ingestion too (beacons, the pixel,
+    /// writes with a `write` key from a browser). By default a write whose
+    /// User-Agent is on isbot's crawler list is answered 202 and counts
+    /// nothing there; server-to-server writes always count.
+    #[arg(long, env = "COUNTER_GATEWAY_COUNT_CRAWLERS")]
+    pub count_crawlers: bool,
+
     #[command(flatten)]
     pub elasticsearch: crate::store::elasticsearch::ElasticsearchArgs,
 }

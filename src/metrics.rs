@@ -163,6 +163,7 @@ pub struct Metrics {
     flush_micros: AtomicU64,
     store_errors: AtomicU64,
     rejected_overloaded: AtomicU64,
+    crawler_events_ignored: AtomicU64,
 }
 
 impl Metrics {
@@ -212,6 +213,12 @@ impl Metrics {
 
     pub fn record_overloaded(&self) {
         self.rejected_overloaded.fetch_add(1, Relaxed);
+    }
+
+    /// Events of browser ingestion left out because a known crawler sent them.
+    pub fn record_crawler_events_ignored(&self, events: usize) {
+        self.crawler_events_ignored
+            .fetch_add(events as u64, Relaxed);
     }
 
     /// Prometheus text exposition format, with the gauges read at scrape time.
@@ -264,6 +271,12 @@ impl Metrics {
             "counter",
             "Requests refused with 503 because the queue (events or bytes, the whole or the tenant's share) was full.",
             self.rejected_overloaded.load(Relaxed) as f64,
+        );
+        put(
+            "counter_gateway_crawler_events_ignored_total",
+            "counter",
+            "Events of browser ingestion (beacons, the pixel, writes with a write key from a browser) not counted because the User-Agent is a known crawler's (off with --count-crawlers).",
+            self.crawler_events_ignored.load(Relaxed) as f64,
         );
         put(
             "counter_gateway_queue_depth",

@@ -21,6 +21,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let clock = Clock::system();
     let keys = args.keys()?;
     args.check_exposure(&keys)?;
+    // Compiled before serving: the first beacon does not wait for it.
+    let crawlers = api::crawlers::list().map_err(str::to_string)?;
     let (store, open): (Arc<dyn Store>, Arc<dyn TenantStores>) = match args
         .elasticsearch
         .to_config(args.idempotency_window)?
@@ -87,6 +89,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         rate_limit_per_second = ?args.rate_limit_per_second,
         request_timeout = ?args.request_timeout,
         max_tenants = args.max_tenants,
+        crawlers = %crawlers.name(),
+        count_crawlers = args.count_crawlers,
         "access"
     );
     let gateway = Gateway {
@@ -99,6 +103,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         cors_origins: args.cors_origins.clone().into(),
         metrics,
         counters_max_age: args.counters_cache_max_age,
+        count_crawlers: args.count_crawlers,
     };
     let tenants = gateway.tenants.clone();
     Tenants::spawn_idle_closer(&tenants, args.tenant_idle_timeout);

@@ -1,6 +1,8 @@
 //! Handlers for one counter and for the counters of one target.
 
 use super::access::{Admin, Reader, Writer};
+use super::crawlers::{self, Crawler, Ignored};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
@@ -16,13 +18,14 @@ use crate::error::ApiError;
     params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content(
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = Counter), NotFound, Overflow))]
+    responses((status = 200, description = "Success", body = Counter), Ignored, NotFound, Overflow))]
 pub async fn increment(
     Writer(app): Writer,
+    Crawler(crawler): Crawler,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
-) -> Result<Json<Counter>, ApiError> {
-    add(app, path, body, false).await
+) -> Result<Response, ApiError> {
+    add(app, path, body, false, crawler).await
 }
 
 #[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/decrement",
@@ -30,13 +33,14 @@ pub async fn increment(
     params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content(
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = Counter), NotFound, Overflow))]
+    responses((status = 200, description = "Success", body = Counter), Ignored, NotFound, Overflow))]
 pub async fn decrement(
     Writer(app): Writer,
+    Crawler(crawler): Crawler,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
-) -> Result<Json<Counter>, ApiError> {
-    add(app, path, body, true).await
+) -> Result<Response, ApiError> {
+    add(app, path, body, true, crawler).await
 }
 
 async fn add(
@@ -44,7 +48,8 @@ async fn add(
     path: KeyPath,
     body: axum::body::Bytes,
     negate: bool,
-) -> Result<Json<Counter>, ApiError> {
+    crawler: bool,
+) -> Result<Response, ApiError> {
     app.pipeline.admit()?;
     let parsed: IncrementBody = if body.iter().all(u8::is_ascii_whitespace) {
         IncrementBody::default()
@@ -54,22 +59,24 @@ async fn add(
     let spec = parsed.spec(&path.entity, &path.action, &path.uuid, negate);
     let inc = Increment::from_spec(&spec, &app.time_policy, app.clock.now())
         .map_err(ApiError::BadRequest)?;
+    if crawler {
+        return Ok(crawlers::ignored(&app.metrics, 1));
+    }
     let key = inc.key.clone();
     // The queue's bound in bytes counts the increment, not the body (up to
     // --max-body-bytes of white space): it is not held while the write waits.
     drop(parsed);
     drop(body);
     let applied = app.pipeline.submit(vec![inc], Some(key.clone())).await?;
-    match applied.counter {
-        Some(c) => Ok(Json(c)),
-        // A duplicate id changes nothing: answer the counter as it stands.
-        None => app
-            .store
-            .get(&key)
-            .await?
-            .map(Json)
-            .ok_or_else(|| ApiError::NotFound(format!("counter {key} has never been counted"))),
-    }
+    let counter =
+        match applied.counter {
+            Some(c) => c,
+            // A duplicate id changes nothing: answer the counter as it stands.
+            None => app.store.get(&key).await?.ok_or_else(|| {
+                ApiError::NotFound(format!("counter {key} has never been counted"))
+            })?,
+        };
+    Ok(Json(counter).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/counters/{entity}/{action}/{uuid}",

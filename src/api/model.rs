@@ -165,6 +165,9 @@ pub struct EventsAccepted {
     pub accepted: usize,
     /// Events skipped because their `id` had been counted before.
     pub duplicates: u32,
+    /// Events not counted because a known crawler sent them (browser
+    /// ingestion; the answer is then a 202 with `X-Counter-Ignored: crawler`).
+    pub ignored: usize,
 }
 
 impl<'a> IncrementBody<'a> {

@@ -41,6 +41,8 @@ pub struct Options {
     pub clock: ManualClock,
     /// `--counters-cache-max-age`.
     pub counters_max_age: Option<Duration>,
+    /// `--count-crawlers`.
+    pub count_crawlers: bool,
 }
 
 /// Body limit of the test apps.
@@ -64,6 +66,7 @@ impl Default for Options {
             max_tenants: 100,
             clock: ManualClock::new(test_now()),
             counters_max_age: None,
+            count_crawlers: false,
         }
     }
 }
@@ -173,6 +176,7 @@ impl TestApp {
             cors_origins: options.cors_origins.clone().into(),
             metrics,
             counters_max_age: options.counters_max_age,
+            count_crawlers: options.count_crawlers,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
