@@ -25,9 +25,10 @@
 //! A few use look-around, which the `regex` crate has not: each is first
 //! checked without its look-arounds (a pattern that matches wherever the
 //! whole does, and more) in a second set, and only where that matches is
-//! the whole pattern run on a backtracking engine (`fancy-regex`). A
+//! the whole pattern run on a backtracking engine (`fancy-regex`), anchored
+//! at each place where the part without look-around starts a match. A
 //! browser's `User-Agent` thus costs two passes of a set, not a backtracking
-//! run of each look-around pattern.
+//! run of each look-around pattern over every byte of it.
 
 use std::sync::OnceLock;
 
@@ -74,7 +75,43 @@ pub struct CrawlerList {
     /// The patterns with look-around, without it: a match here is a
     /// candidate for the pattern of the same index in `exact`.
     candidates: RegexSet,
-    exact: Vec<fancy_regex::Regex>,
+    exact: Vec<Exact>,
+}
+
+/// A pattern with look-around: where a match of it may start (its
+/// look-around-free part, on the fast engine), and the whole pattern,
+/// run only anchored at those starts.
+struct Exact {
+    starts: regex::bytes::Regex,
+    whole: fancy_regex::Regex,
+}
+
+impl Exact {
+    /// Whether the whole pattern matches somewhere in `ua`. A match of it
+    /// starting at `s` is a match of its look-around-free part starting
+    /// at `s`, so the starts of those, each found by one search from the
+    /// previous start on, are every place where it can start. The
+    /// backtracking engine then tries each of these places alone: run
+    /// unanchored it tries every byte of the agent (some 10 µs on a
+    /// browser's 120 bytes, measured), anchored well under one.
+    fn is_match(&self, ua: &[u8]) -> bool {
+        let mut from = 0;
+        while let Some(m) = self.starts.find_at(ua, from) {
+            let at = fancy_regex::RegexInput::new(ua)
+                .from_pos(m.start())
+                .anchored(true);
+            // A pattern the engine gives up on (past its step limit) does
+            // not make a crawler: when in doubt, count.
+            if self.whole.is_match_input(at).unwrap_or(false) {
+                return true;
+            }
+            if m.start() >= ua.len() {
+                return false;
+            }
+            from = m.start() + 1;
+        }
+        false
+    }
 }
 
 impl std::fmt::Debug for CrawlerList {
@@ -101,8 +138,11 @@ impl CrawlerList {
                         .case_insensitive(true)
                         .build()
                         .map_err(|e| format!("crawler pattern {js:?}: {e}"))?;
+                    let starts = builder(&stripped)
+                        .build()
+                        .map_err(|e| format!("crawler pattern {js:?}: {e}"))?;
                     candidates.push(stripped);
-                    exact.push(whole);
+                    exact.push(Exact { starts, whole });
                 }
             }
         }
@@ -141,18 +181,23 @@ impl CrawlerList {
         if self.plain.is_match(ua) {
             return true;
         }
-        // A pattern the backtracking engine gives up on (past its step
-        // limit) does not make a crawler: when in doubt, count.
         self.candidates
             .matches(ua)
             .iter()
-            .any(|i| self.exact[i].is_match(ua).unwrap_or(false))
+            .any(|i| self.exact[i].is_match(ua))
     }
 }
 
-/// One set of isbot patterns, matched as isbot's JavaScript pattern is:
-/// case-insensitively, and with `\w`, `\d` and `\b` meaning ASCII (a
+/// One isbot pattern, matched as isbot's JavaScript pattern is: on bytes,
+/// case-insensitively, with `\w`, `\d` and `\b` meaning ASCII (a
 /// `User-Agent` is ASCII in practice; HTTP allows no more than Latin-1).
+fn builder(pattern: &str) -> regex::bytes::RegexBuilder {
+    let mut b = regex::bytes::RegexBuilder::new(pattern);
+    b.case_insensitive(true).unicode(false);
+    b
+}
+
+/// A set of isbot patterns, each as [`builder`] compiles one.
 fn set(patterns: &[impl AsRef<str>]) -> Result<RegexSet, String> {
     RegexSetBuilder::new(patterns)
         .case_insensitive(true)
@@ -160,13 +205,10 @@ fn set(patterns: &[impl AsRef<str>]) -> Result<RegexSet, String> {
         .build()
         .map_err(|e| {
             // Name the pattern at fault, not the whole set.
-            let bad = patterns.iter().map(AsRef::as_ref).find(|p| {
-                RegexSetBuilder::new([*p])
-                    .case_insensitive(true)
-                    .unicode(false)
-                    .build()
-                    .is_err()
-            });
+            let bad = patterns
+                .iter()
+                .map(AsRef::as_ref)
+                .find(|p| builder(p).build().is_err());
             format!("crawler pattern {bad:?}: {e}")
         })
 }
@@ -491,6 +533,24 @@ mod tests {
         // Not UTF-8: matched as bytes, never a panic.
         assert!(list.is_crawler(b"\xff\xfe spider"));
         assert!(!list.is_crawler(b"Mozilla/5.0 (X11; Linux x86_64) \xe9"));
+    }
+
+    /// The whole pattern is tried at every place its look-around-free part
+    /// starts a match, not only the first.
+    #[test]
+    fn a_look_around_pattern_is_tried_at_every_candidate_start() {
+        let list = CrawlerList::from_json(
+            r#"{"package": "t", "version": "1", "patterns": ["(?<!cam)scan", "(?:^|[^g])news(?!sapphire)"]}"#,
+        )
+        .unwrap();
+        assert!(!list.is_crawler(b"CamScanner/6.5"));
+        assert!(!list.is_crawler(b"camscan camscan"));
+        assert!(list.is_crawler(b"camscan scan"));
+        assert!(list.is_crawler(b"Scanner"));
+        assert!(!list.is_crawler(b"x NewsSapphire gnews"));
+        assert!(list.is_crawler(b"x NewsSapphire news"));
+        assert!(list.is_crawler(b"newsbot"));
+        assert!(!list.is_crawler(b"scam"));
     }
 
     #[test]
