@@ -31,9 +31,10 @@ pub const UNMATCHED: usize = usize::MAX;
 
 const METHODS: [&str; 5] = ["GET", "POST", "DELETE", "OTHER", "PUT"];
 /// Statuses counted on their own; any other is counted as `other`.
-/// 304 is what a cacheable multi-read mostly answers once pages revalidate.
-const STATUSES: [u16; 16] = [
-    200, 204, 304, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 0,
+/// 304 is what a cacheable multi-read mostly answers once pages revalidate;
+/// 202 what a known crawler's browser ingestion gets.
+const STATUSES: [u16; 17] = [
+    200, 202, 204, 304, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 0,
 ];
 /// Upper bounds of the request latency buckets, in seconds.
 const LATENCY_BOUNDS: [f64; 12] = [

@@ -126,6 +126,14 @@ async fn a_crawler_beacon_is_ignored_and_a_browser_beacon_counted() {
             .await,
         3.0
     );
+    // The 202 is a status of its own in the request counts.
+    assert_eq!(
+        app.metric(
+            "counter_gateway_http_requests_total{route=\"/v1/events\",method=\"POST\",status=\"202\"}"
+        )
+        .await,
+        1.0
+    );
 }
 
 #[tokio::test]
