@@ -166,8 +166,14 @@ pub struct EventsAccepted {
     /// Events skipped because their `id` had been counted before.
     pub duplicates: u32,
     /// Events not counted because a known crawler sent them (browser
-    /// ingestion; the answer is then a 202 with `X-Counter-Ignored: crawler`).
+    /// ingestion; the answer is then a 202 with `X-Counter-Ignored:
+    /// crawler`). Absent when none were, as in every 200.
+    #[serde(skip_serializing_if = "is_zero")]
     pub ignored: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl<'a> IncrementBody<'a> {
