@@ -77,7 +77,7 @@ impl PixelQuery {
 
 #[utoipa::path(get, path = "/v1/pixel/{entity}/{action}/{uuid}",
     summary = "A tracking pixel: counts one and answers a 1x1 transparent GIF once the count is durable",
-    params(KeyPath, PixelQuery), security(("key" = ["write"]), ("bearer" = ["write"])),
+    params(KeyPath, PixelQuery), security(("bearer" = ["write"]), ("key" = ["write"])),
     responses(
         (status = 200, description = "Counted (or its `id` counted before); `HEAD` answers the same and counts nothing",
             content((inline(Gif) = "image/gif")),
