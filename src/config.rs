@@ -323,6 +323,13 @@ pub struct ServeArgs {
         value_delimiter = ';'
     )]
     pub actor_limits: Vec<String>,
+
+    /// Count known crawlers in browser ingestion too (beacons, the pixel,
+    /// writes with a `write` key from a browser). By default a write whose
+    /// User-Agent is on isbot's crawler list is answered 202 and counts
+    /// nothing there; server-to-server writes always count.
+    #[arg(long, env = "COUNTER_GATEWAY_COUNT_CRAWLERS")]
+    pub count_crawlers: bool,
 }
 
 impl ServeArgs {

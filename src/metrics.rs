@@ -31,9 +31,10 @@ pub const UNMATCHED: usize = usize::MAX;
 
 const METHODS: [&str; 5] = ["GET", "POST", "DELETE", "OTHER", "PUT"];
 /// Statuses counted on their own; any other is counted as `other`.
-/// 304 is what a cacheable multi-read mostly answers once pages revalidate.
-const STATUSES: [u16; 16] = [
-    200, 204, 304, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 0,
+/// 304 is what a cacheable multi-read mostly answers once pages revalidate;
+/// 202 what a known crawler's browser ingestion gets.
+const STATUSES: [u16; 17] = [
+    200, 202, 204, 304, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 0,
 ];
 /// Upper bounds of the request latency buckets, in seconds.
 const LATENCY_BOUNDS: [f64; 12] = [
@@ -165,6 +166,7 @@ pub struct Metrics {
     rejected_overloaded: AtomicU64,
     throttled: AtomicU64,
     actor_repeats: AtomicU64,
+    crawler_events_ignored: AtomicU64,
 }
 
 impl Metrics {
@@ -226,6 +228,12 @@ impl Metrics {
         if n > 0 {
             self.actor_repeats.fetch_add(u64::from(n), Relaxed);
         }
+    }
+
+    /// Events of browser ingestion left out because a known crawler sent them.
+    pub fn record_crawler_events_ignored(&self, events: usize) {
+        self.crawler_events_ignored
+            .fetch_add(events as u64, Relaxed);
     }
 
     /// Prometheus text exposition format, with the gauges read at scrape time.
@@ -290,6 +298,12 @@ impl Metrics {
             "counter",
             "Events not counted because of unique: their actor was counted already, or had nothing to take back.",
             self.actor_repeats.load(Relaxed) as f64,
+        );
+        put(
+            "counter_gateway_crawler_events_ignored_total",
+            "counter",
+            "Events of browser ingestion (beacons, the pixel, writes with a write key from a browser) not counted because the User-Agent is a known crawler's (off with --count-crawlers).",
+            self.crawler_events_ignored.load(Relaxed) as f64,
         );
         put(
             "counter_gateway_queue_depth",

@@ -28,6 +28,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         None => None,
     };
     let mut actor_key = ActorKey::none();
+    // Compiled before serving: the first beacon does not wait for it.
+    let crawlers = api::crawlers::list().map_err(str::to_string)?;
     let (store, open): (Arc<dyn Store>, Arc<dyn TenantStores>) = match args
         .store
         .elasticsearch
@@ -110,6 +112,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         request_timeout = ?args.request_timeout,
         max_tenants = args.max_tenants,
         actor_limits = args.actor_limits.len(),
+        crawlers = %crawlers.name(),
+        count_crawlers = args.count_crawlers,
         "access"
     );
     let gateway = Gateway {
@@ -122,6 +126,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         cors_origins: args.cors_origins.clone().into(),
         metrics,
         counters_max_age: args.counters_cache_max_age,
+        count_crawlers: args.count_crawlers,
     };
     let tenants = gateway.tenants.clone();
     Tenants::spawn_idle_closer(&tenants, args.tenant_idle_timeout);

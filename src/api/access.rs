@@ -181,6 +181,12 @@ fn authenticate<'g>(parts: &Parts, gw: &'g Gateway) -> Result<Option<&'g Grant>,
     }
 }
 
+/// The role of the configured key the request presents, if any: the
+/// crawler check asks whether a write comes with a page's (`write`) key.
+pub(crate) fn presented_role(parts: &Parts, gw: &Gateway) -> Option<Role> {
+    authenticate(parts, gw).ok().flatten().map(|g| g.role)
+}
+
 /// Applies the per-client rate limit, by key when one checked out, else by
 /// the peer's IP address (the limiter counts IPv6 peers by their /64).
 fn limit(parts: &Parts, gw: &Gateway, grant: Option<&Grant>) -> Result<(), ApiError> {

@@ -1,6 +1,8 @@
 //! Handlers for one counter and for the counters of one target.
 
 use super::access::{Admin, Reader, Writer};
+use super::crawlers::{self, Crawler, Ignored};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
@@ -96,13 +98,14 @@ pub(super) fn take_limits(app: &AppState, asks: &Asks) -> Result<(), ApiError> {
     params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content(
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = Incremented), Overflow))]
+    responses((status = 200, description = "Success", body = Incremented), Ignored, Overflow))]
 pub async fn increment(
     Writer(app): Writer,
+    Crawler(crawler): Crawler,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
-) -> Result<Json<Incremented>, ApiError> {
-    add(app, path, body, false).await
+) -> Result<Response, ApiError> {
+    add(app, path, body, false, crawler).await
 }
 
 #[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/decrement",
@@ -110,13 +113,14 @@ pub async fn increment(
     params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content(
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = Incremented), Overflow))]
+    responses((status = 200, description = "Success", body = Incremented), Ignored, Overflow))]
 pub async fn decrement(
     Writer(app): Writer,
+    Crawler(crawler): Crawler,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
-) -> Result<Json<Incremented>, ApiError> {
-    add(app, path, body, true).await
+) -> Result<Response, ApiError> {
+    add(app, path, body, true, crawler).await
 }
 
 async fn add(
@@ -124,7 +128,8 @@ async fn add(
     path: KeyPath,
     body: axum::body::Bytes,
     negate: bool,
-) -> Result<Json<Incremented>, ApiError> {
+    crawler: bool,
+) -> Result<Response, ApiError> {
     app.pipeline.admit()?;
     let parsed: IncrementBody = if body.iter().all(u8::is_ascii_whitespace) {
         IncrementBody::default()
@@ -140,6 +145,9 @@ async fn add(
         &app.actors.key,
     )
     .map_err(ApiError::BadRequest)?;
+    if crawler {
+        return Ok(crawlers::ignored(&app.metrics, 1));
+    }
     let mut asks = Asks::default();
     app.actors
         .ask(&mut asks, 0, &inc.key, spec.actor, inc.delta);
@@ -164,7 +172,7 @@ async fn add(
         // not): the counter as it stands, if there is one.
         None => app.store.get(&key).await?,
     };
-    Ok(Json(Incremented::new(&key, counter, skipped)))
+    Ok(Json(Incremented::new(&key, counter, skipped)).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/counters/{entity}/{action}/{uuid}",

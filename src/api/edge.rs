@@ -46,7 +46,11 @@ pub fn cors(origins: &[String]) -> Result<Option<CorsLayer>, String> {
                 header::CONTENT_TYPE,
                 HeaderName::from_static("x-tenant"),
             ])
-            .expose_headers([header::RETRY_AFTER, header::ETAG])
+            .expose_headers([
+                header::RETRY_AFTER,
+                header::ETAG,
+                HeaderName::from_static(super::crawlers::IGNORED_HEADER),
+            ])
             .max_age(Duration::from_secs(3600)),
     ))
 }

@@ -2,6 +2,8 @@
 //! applied, and applied as one submission.
 
 use super::access::Writer;
+use super::crawlers::{self, Crawler, Ignored};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 
@@ -17,11 +19,12 @@ use super::openapi::Overflow;
     summary = "A batch of increments, all validated before any is applied (JSON or text/plain from sendBeacon)",
     security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content((EventsBody = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = EventsAccepted), Overflow))]
+    responses((status = 200, description = "Success", body = EventsAccepted), Ignored, Overflow))]
 pub async fn post(
     Writer(app): Writer,
+    Crawler(crawler): Crawler,
     JsonBytes(body): JsonBytes,
-) -> Result<Json<EventsAccepted>, ApiError> {
+) -> Result<Response, ApiError> {
     app.pipeline.admit()?;
     let (incs, asks) = read_events(
         &body,
@@ -33,6 +36,9 @@ pub async fn post(
     // Every event of the batch checked before any token is taken.
     super::counters::take_limits(&app, &asks)?;
     let accepted = incs.len();
+    if crawler {
+        return Ok(crawlers::ignored(&app.metrics, accepted));
+    }
     // The increments own their strings: the body and its parse need not be
     // held while the write waits in the queue (its bound counts increments).
     drop(body);
@@ -42,7 +48,9 @@ pub async fn post(
         accepted: accepted - applied.duplicates as usize - applied.repeats as usize,
         duplicates: applied.duplicates,
         repeats: applied.repeats,
-    }))
+        ignored: 0,
+    })
+    .into_response())
 }
 
 /// A batch body parsed, its strings still borrowed from the body.

@@ -5,6 +5,7 @@
 pub mod access;
 mod averages;
 mod counters;
+pub mod crawlers;
 pub mod dashboard;
 mod days;
 pub mod edge;
@@ -14,6 +15,7 @@ mod model;
 mod multiread;
 pub mod openapi;
 mod ops;
+mod pixel;
 mod queries;
 mod reports;
 
@@ -44,6 +46,8 @@ pub struct Gateway {
     /// `max-age` of `GET /v1/counters` answers, sent as `public`; `None`:
     /// `no-cache` (caches revalidate every time, by ETag).
     pub counters_max_age: Option<Duration>,
+    /// `--count-crawlers`: count browser ingestion from known crawlers too.
+    pub count_crawlers: bool,
 }
 
 impl Gateway {
@@ -57,6 +61,7 @@ impl Gateway {
             request_timeout: None,
             cors_origins: Arc::new([]),
             counters_max_age: None,
+            count_crawlers: false,
         }
     }
 }
@@ -101,6 +106,7 @@ pub(crate) fn table() -> OpenApiRouter<Gateway> {
         .routes(routes!(multiread::post))
         .routes(routes!(days::put_one))
         .routes(routes!(days::put_many))
+        .routes(routes!(pixel::get))
 }
 
 /// The whole HTTP API over `gw`; `serve` and the tests drive exactly this

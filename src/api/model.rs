@@ -195,10 +195,15 @@ pub struct EventsAccepted {
     #[serde(skip_serializing_if = "is_zero")]
     #[schema(minimum = 1)]
     pub repeats: u32,
+    /// Events not counted because a known crawler sent them (browser
+    /// ingestion; the answer is then a 202 with `X-Counter-Ignored:
+    /// crawler`). Absent when none were, as in every 200.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub ignored: usize,
 }
 
-fn is_zero(n: &u32) -> bool {
-    *n == 0
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 impl<'a> IncrementBody<'a> {

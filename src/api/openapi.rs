@@ -67,6 +67,11 @@ pub fn optional_unique() -> Object {
         .build()
 }
 
+/// An event idempotency id given as a query parameter (the pixel's `id`).
+pub fn event_id() -> Object {
+    name_of(string(false), 256)
+}
+
 fn name_of(b: ObjectBuilder, max: usize) -> Object {
     b.min_length(Some(1))
         .max_length(Some(max))
@@ -195,6 +200,10 @@ param_schema! {
     StaleCsv = stale_csv;
     /// See [`metrics_text`].
     MetricsText = metrics_text;
+    /// See [`event_id`].
+    EventId = event_id;
+    /// See [`gif`].
+    Gif = gif;
 }
 
 /// An integer that may leave 64 bits (a sum of day buckets): JSON carries
@@ -340,6 +349,14 @@ pub fn stale_csv() -> Object {
         .pattern(Some(
             "^id,entity,action,uuid,value,category,first_timestamp,recorded_timestamp\r\n",
         ))
+        .build()
+}
+
+/// An image, `image/gif` (the pixel's answer).
+pub fn gif() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .content_media_type("image/gif")
         .build()
 }
 

@@ -47,6 +47,8 @@ pub struct Options {
     pub actor_secret: Option<String>,
     /// `--actor-limit` rules.
     pub actor_limits: Vec<String>,
+    /// `--count-crawlers`.
+    pub count_crawlers: bool,
 }
 
 /// Body limit of the test apps.
@@ -72,6 +74,7 @@ impl Default for Options {
             counters_max_age: None,
             actor_secret: None,
             actor_limits: Vec::new(),
+            count_crawlers: false,
         }
     }
 }
@@ -187,6 +190,7 @@ impl TestApp {
             cors_origins: options.cors_origins.clone().into(),
             metrics,
             counters_max_age: options.counters_max_age,
+            count_crawlers: options.count_crawlers,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

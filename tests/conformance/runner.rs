@@ -5,12 +5,16 @@
 //! A scenario is `{"name", "steps": [{"request": {...}, "expect": {...}}]}`:
 //!
 //! - `request`: `method` (default GET), `path` (with query string), optional
-//!   `body` (JSON) and `headers` (placeholders substituted in both); `save`
+//!   `body` (JSON) or `text` (a raw body, `text/plain` unless `headers`
+//!   name a `content-type`), and `headers` (placeholders substituted in
+//!   all); `save`
 //!   copies values of the answer (JSON pointers) and `save_header` copies
 //!   headers into variables.
 //! - `expect`: `status`, then optionally `body` (a subset match: objects may
 //!   hold more keys than expected, arrays must have exactly the expected
-//!   elements, numbers compare by value), `csv` (rows of cells), `headers`.
+//!   elements, numbers compare by value), `csv` (rows of cells), `text`
+//!   (the body as text, special strings allowed), `bytes_hex` (the body's
+//!   exact bytes, in hex), `headers`.
 //! - Special strings in expectations: `"$any"`, `"$absent"` (object key or
 //!   header must be missing), `"$present"`, `"$contains:<text>"`.
 //! - Time, relative to the clock the target's server reads (one manual
@@ -161,13 +165,22 @@ async fn run_step(
             builder = builder.header(k, substitute(v.as_str().unwrap_or_default(), now, vars)?);
         }
     }
-    let body = match req.get("body") {
-        Some(b) => {
+    let body = match (req.get("body"), req["text"].as_str()) {
+        (Some(b), _) => {
             builder = builder.header("content-type", "application/json");
             let b = resolve_body(b, now, vars, None)?;
             Body::from(serde_json::to_vec(&b).unwrap())
         }
-        None => Body::empty(),
+        (None, Some(text)) => {
+            let typed = req["headers"]
+                .as_object()
+                .is_some_and(|h| h.keys().any(|k| k.eq_ignore_ascii_case("content-type")));
+            if !typed {
+                builder = builder.header("content-type", "text/plain");
+            }
+            Body::from(substitute(text, now, vars)?)
+        }
+        (None, None) => Body::empty(),
     };
     let res = router
         .clone()
@@ -190,6 +203,17 @@ async fn run_step(
     if let Some(want) = expect.get("body") {
         let want = resolve_body(want, now, vars, None)?;
         matches(&want, &json, "").map_err(|e| format!("body{e}; {}", show()))?;
+    }
+    if let Some(want) = expect["text"].as_str() {
+        if !text_matches(&substitute(want, now, vars)?, &text) {
+            return Err(format!("text is not {want:?}; {}", show()));
+        }
+    }
+    if let Some(want) = expect["bytes_hex"].as_str() {
+        let got: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        if got != want.to_ascii_lowercase() {
+            return Err(format!("bytes are {got}, expected {want}; {}", show()));
+        }
     }
     if let Some(rows) = expect.get("csv") {
         let want = resolve_body(rows, now, vars, None)?;
