@@ -145,7 +145,7 @@ pub(super) fn set_days(conn: &mut Connection, sets: &[DaySet]) -> Result<DaysOut
 /// A difference of two i64 values as log deltas that each fit i64: one
 /// almost always, up to three when it leaves the range (`MAX - MIN` is
 /// `MAX + MAX + 1`); the roll-up sums them exactly.
-fn split(diff: i128) -> Vec<i64> {
+pub(super) fn split(diff: i128) -> Vec<i64> {
     let mut parts = Vec::with_capacity(1);
     let mut rest = diff;
     loop {
