@@ -26,8 +26,8 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
-    Average, BatchOutcome, Bucket, DaysOutcome, RequestOutcome, StaleQuery, Store, StoreError,
-    TopAverages, TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
+    Average, BatchOutcome, BlockingWrites, Bucket, DaysOutcome, RequestOutcome, StaleQuery, Store,
+    StoreError, TopAverages, TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
 };
 use crate::domain::Coalesced;
 use crate::domain::{Clock, Counter, CounterKey, DaySet, Increment, Window};
@@ -106,13 +106,13 @@ pub const DB_FILE: &str = "counters.sqlite3";
 
 pub struct SqliteStore {
     path: PathBuf,
+    /// The flush and fsync, shared with the pipeline's threads.
+    writes: Arc<Writes>,
     writer: Arc<Mutex<Writer>>,
     /// The exact state of the counters flushes touched lately, every one
     /// with deltas not folded yet among them: shared with readers.
     hot: hot::Shared,
     readers: Arc<Readers>,
-    /// How long an idempotency id is remembered.
-    id_window_ms: i64,
     /// The write-ahead log, fsync'd by [`Store::sync`]; `None` when relaxed.
     wal: Option<Arc<std::fs::File>>,
     /// Gives the UTC day the named windows end on and the time idempotency
@@ -229,6 +229,67 @@ impl Writer {
         if let Err(e) = result {
             tracing::warn!(error = %e, "folding the change log failed (retried later)");
         }
+    }
+}
+
+/// What a flush and its fsync need of the store, apart from it so that the
+/// pipeline can call them from threads of its own.
+struct Writes {
+    writer: Arc<Mutex<Writer>>,
+    id_window_ms: i64,
+    clock: Clock,
+    last_write: Arc<Idle>,
+    wal: Option<Arc<std::fs::File>>,
+    halted: Arc<std::sync::atomic::AtomicBool>,
+    fsync_fault: FsyncFault,
+}
+
+impl BlockingWrites for Writes {
+    fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        if self.halted.load(Ordering::SeqCst) {
+            return Err(StoreError::Halted(super::HALTED_AFTER_FSYNC.into()));
+        }
+        let now_ms = self.clock.now_ms();
+        let mut w = self
+            .writer
+            .lock()
+            .map_err(|_| StoreError::Internal("writer lock poisoned".into()))?;
+        let out = match apply_coalesced(&mut w, &batch, now_ms, self.id_window_ms)? {
+            Some(out) => out,
+            None => apply_one_by_one(&mut w, &batch, now_ms, self.id_window_ms)?,
+        };
+        self.last_write.wrote();
+        // Nothing may follow the commit here that could fail: an error
+        // would tell every request of the flush that nothing was applied.
+        // Old idempotency ids are forgotten in the background, and a fold
+        // that fails is only logged.
+        w.fold_after_flush();
+        Ok(out)
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        if self.halted.load(Ordering::SeqCst) {
+            return Err(StoreError::Halted(super::HALTED_AFTER_FSYNC.into()));
+        }
+        let Some(wal) = &self.wal else {
+            return Ok(());
+        };
+        let synced = if self.fsync_fault.armed() {
+            Err(std::io::Error::from_raw_os_error(5)) // EIO
+        } else {
+            wal.sync_data()
+        };
+        if let Err(e) = synced {
+            // PostgreSQL's lesson: after a failed fsync the kernel may have
+            // dropped the dirty pages and report the next fsync as fine, so
+            // no later fsync can vouch for what this one did not.
+            self.halted.store(true, Ordering::SeqCst);
+            tracing::error!(error = %e, "fsync of the write-ahead log failed; the store acknowledges no more writes until restart");
+            return Err(StoreError::Internal(format!(
+                "fsync of the write-ahead log failed: {e}"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -761,7 +822,19 @@ impl SqliteStore {
             ids: Arc::downgrade(&ids),
             retention_days,
         });
+        let halted = Arc::<std::sync::atomic::AtomicBool>::default();
+        let fsync_fault = FsyncFault::default();
+        let writes = Arc::new(Writes {
+            writer: writer.clone(),
+            id_window_ms,
+            clock: clock.clone(),
+            last_write: last_write.clone(),
+            wal: wal.clone(),
+            halted: halted.clone(),
+            fsync_fault: fsync_fault.clone(),
+        });
         Ok(SqliteStore {
+            writes,
             _ids: ids,
             clock,
             last_write,
@@ -769,11 +842,10 @@ impl SqliteStore {
             writer,
             hot,
             readers,
-            id_window_ms,
             wal,
-            fsync_fault: FsyncFault::default(),
+            fsync_fault,
             fold_hold,
-            halted: Arc::default(),
+            halted,
         })
     }
 
@@ -996,23 +1068,15 @@ fn read_counter(row: &rusqlite::Row<'_>, key: CounterKey) -> rusqlite::Result<Co
 impl Store for SqliteStore {
     async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
         self.check_halted()?;
-        let id_window_ms = self.id_window_ms;
-        let last_write = self.last_write.clone();
-        let now_ms = self.clock.now_ms();
-        self.with_writer(move |w| {
-            let out = match apply_coalesced(w, &batch, now_ms, id_window_ms)? {
-                Some(out) => out,
-                None => apply_one_by_one(w, &batch, now_ms, id_window_ms)?,
-            };
-            last_write.wrote();
-            // Nothing may follow the commit here that could fail: an error
-            // would tell every request of the flush that nothing was applied.
-            // Old idempotency ids are forgotten in the background, and a
-            // fold that fails is only logged.
-            w.fold_after_flush();
-            Ok(out)
-        })
-        .await
+        let writes = self.writes.clone();
+        tokio::task::spawn_blocking(move || writes.apply(batch))
+            .await
+            .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
+    }
+
+    /// The pipeline calls these on threads of its own: no task per flush.
+    fn blocking_writes(&self) -> Option<Arc<dyn BlockingWrites>> {
+        Some(self.writes.clone())
     }
 
     /// A counter in memory is answered from there (every one with deltas
@@ -1097,29 +1161,13 @@ impl Store for SqliteStore {
 
     async fn sync(&self) -> Result<(), StoreError> {
         self.check_halted()?;
-        let Some(wal) = self.wal.clone() else {
+        if self.wal.is_none() {
             return Ok(());
-        };
-        let fault = self.fsync_fault.clone();
-        let synced = tokio::task::spawn_blocking(move || {
-            if fault.armed() {
-                return Err(std::io::Error::from_raw_os_error(5)); // EIO
-            }
-            wal.sync_data()
-        })
-        .await
-        .map_err(|e| StoreError::Internal(format!("fsync task failed: {e}")))?;
-        if let Err(e) = synced {
-            // PostgreSQL's lesson: after a failed fsync the kernel may have
-            // dropped the dirty pages and report the next fsync as fine, so
-            // no later fsync can vouch for what this one did not.
-            self.halted.store(true, Ordering::SeqCst);
-            tracing::error!(error = %e, "fsync of the write-ahead log failed; the store acknowledges no more writes until restart");
-            return Err(StoreError::Internal(format!(
-                "fsync of the write-ahead log failed: {e}"
-            )));
         }
-        Ok(())
+        let writes = self.writes.clone();
+        tokio::task::spawn_blocking(move || writes.sync())
+            .await
+            .map_err(|e| StoreError::Internal(format!("fsync task failed: {e}")))?
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
