@@ -18,8 +18,9 @@ import sys
 # (stage, pattern) in priority order: the first whose pattern a frame matches.
 STAGES = [
     ("fsync", r"fdatasync|sync_data|ext4_sync_file|file_write_and_wait|jbd2_"),
-    ("SQLite", r"sqlite3|rusqlite|store::sqlite"),
-    ("coalescing", r"coalesce|Coalesced"),
+    ("coalescing", r"domain::coalesce|Coalesced::|coalesce_fresh"),
+    ("SQLite", r"sqlite3|rusqlite"),
+    ("store (writer's memory, log)", r"store::sqlite"),
     ("answer (serialize)", r"serde_json::ser|IntoResponse>::into_response|Serialize>::serialize"),
     ("parse + validate", r"serde_json::de|serde_core::de|serde::de|parse_json|from_spec|IncrementSpec|CounterKey::new|validate_name|Interner|read_batch|parse_batch|chrono|Deserialize|deserialize|api::model"),
     ("context switches", r"finish_task_switch|__schedule|^schedule$"),
