@@ -268,6 +268,7 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
     // While flushes come, each folds a chunk when the log has grown (see
     // `Writer::fold_after_flush`); once they pause, the rest is folded
     // here, so lists and reports find it done.
+    let mut folding = false;
     if !busy && !w.hold.held() {
         let started = Instant::now();
         loop {
@@ -276,6 +277,7 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
                 Ok(true) if started.elapsed() >= ROLLUP_BUDGET => {
                     nothing_to_do = false;
                     *hurry = true;
+                    folding = true;
                     break;
                 }
                 Ok(true) => {}
@@ -290,6 +292,11 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
         nothing_to_do = false;
     }
     let conn = &mut w.conn;
+    // The window totals wait for the fold to finish: it appends to their
+    // log, and a rebuild of them halfway through would be done again.
+    if folding {
+        return None;
+    }
     if !busy || rollup::backlog(conn).unwrap_or(0) >= ROLLUP_MAX_BACKLOG {
         // A bulk backlog is rebuilt from the buckets only once flushes have
         // stopped: the rebuild is one long hold of the writer.
