@@ -28,9 +28,12 @@ BIN=target/release/counter-gateway
 
 work=$(mktemp -d)
 pids=()
+# The wrk outputs and CPU figures stay in BENCH_OUT after the run.
+BENCH_OUT=${BENCH_OUT:-target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  mkdir -p "$BENCH_OUT" && cp "$work"/wrk-*.txt "$work"/cpu-*.txt "$work"/table.txt "$BENCH_OUT"/ 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -39,16 +42,42 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 port=$(free_port)
 NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --data-dir "$work/data" >"$work/gateway.log" 2>&1 &
-pids+=($!)
+gpid=$!
+pids+=("$gpid")
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
 base="http://127.0.0.1:$port"
 
+# CPU time (user + system) the process PID has used, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
+
+# child_cpu FILE CMD...: runs CMD, then writes the CPU seconds (user +
+# system) it and its children used to FILE.
+child_cpu() {
+  local file=$1; shift
+  python3 -c 'import resource, subprocess, sys
+rc = subprocess.call(sys.argv[2:])
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+open(sys.argv[1], "w").write("%.6f" % (r.ru_utime + r.ru_stime))
+sys.exit(rc)' "$file" "$@"
+}
+
 # wrk_rps LABEL ARGS...: runs wrk, prints requests/s, fails on errors.
+# With CPU_PID set, also writes that process's CPU microseconds per
+# completed request to $work/cpu-LABEL.txt (from /proc/PID/stat).
 wrk_rps() {
   local label=$1; shift
-  local out
-  out=$(wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" --latency "$@")
+  local out before
+  before=$(cpu_ticks "${CPU_PID:-self}")
+  out=$(child_cpu "$work/client-cpu-$label.txt" wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" --latency "$@")
   echo "$out" >"$work/wrk-$label.txt"
+  if [ -n "${CPU_PID:-}" ]; then
+    local ticks requests
+    ticks=$(( $(cpu_ticks "$CPU_PID") - before ))
+    requests=$(echo "$out" | awk '/requests in/ {print $1}')
+    awk -v t="$ticks" -v u="$TICK_US" -v n="$requests" 'BEGIN { if (n > 0) printf "%.1f", t * u / n; else print "n/a" }' >"$work/cpu-$label.txt"
+    awk -v s="$(cat "$work/client-cpu-$label.txt")" -v n="$requests" 'BEGIN { if (n > 0) printf "%.1f", s * 1e6 / n; else print "n/a" }' >"$work/wrk-cpu-$label.txt"
+  fi
   local bad
   bad=$(echo "$out" | awk '/Non-2xx or 3xx responses/ {print $NF}')
   if [ -n "$bad" ]; then
@@ -58,13 +87,17 @@ wrk_rps() {
   echo "$out" | awk '/Requests\/sec/ {print $2}'
 }
 p99() { awk '/ 99%/ {print $2}' "$work/wrk-$1.txt"; }
+cpu() { cat "$work/cpu-$1.txt" 2>/dev/null || echo n/a; }
+client_cpu() { cat "$work/wrk-cpu-$1.txt" 2>/dev/null || echo n/a; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 check() { awk -v r="$1" -v t="$2" 'BEGIN { print (r >= t ? "met" : "NOT met") }'; }
 
 if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = embedded ]; then
+export CPU_PID=$gpid
 healthz=$(wrk_rps healthz "$base/healthz")
 single=$(wrk_rps single -s scripts/bench/increment.lua "$base")
 batch_rps=$(wrk_rps batch -s scripts/bench/events.lua "$base")
+unset CPU_PID
 batch_incr=$(awk -v r="$batch_rps" 'BEGIN {printf "%.0f", r * 1000}')
 
 # Every acknowledged increment must be in the store: compare the gateway's own
@@ -75,22 +108,35 @@ writes=$(curl -s "$base/metrics" | awk '/^counter_gateway_store_writes_total/ {p
 
 rport=$(free_port)
 redis-server --port "$rport" --save '' --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
-pids+=($!)
+rpid=$!
+pids+=("$rpid")
 for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
-redis_rps() { redis-benchmark -p "$rport" -t incr -c "$CONNECTIONS" -n "$REDIS_REQUESTS" -q "$@" | tr '\r' '\n' | awk '/INCR:/ {print $2}' | tail -1; }
-redis_plain=$(redis_rps)
-redis_p16=$(redis_rps -P 16)
-
+# redis_rps LABEL ARGS...: requests/s of redis-benchmark -t incr; the CPU
+# per request of the server and of the client go to $work/cpu-LABEL.txt and
+# $work/wrk-cpu-LABEL.txt, as for wrk_rps.
+redis_rps() {
+  local label=$1; shift
+  local before rps
+  before=$(cpu_ticks "$rpid")
+  rps=$(child_cpu "$work/client-cpu-$label.txt" redis-benchmark -p "$rport" -t incr -c "$CONNECTIONS" -n "$REDIS_REQUESTS" -q "$@" | tr '\r' '\n' | awk '/INCR:/ {print $2}' | tail -1)
+  awk -v t="$(( $(cpu_ticks "$rpid") - before ))" -v u="$TICK_US" -v n="$REDIS_REQUESTS" 'BEGIN { printf "%.1f", t * u / n }' >"$work/cpu-$label.txt"
+  awk -v s="$(cat "$work/client-cpu-$label.txt")" -v n="$REDIS_REQUESTS" 'BEGIN { printf "%.1f", s * 1e6 / n }' >"$work/wrk-cpu-$label.txt"
+  echo "$rps"
+}
+redis_plain=$(redis_rps redis)
+redis_p16=$(redis_rps redis-p16 -P 16)
 
 r1=$(ratio "$single" "$healthz"); r2=$(ratio "$single" "$redis_plain"); r3=$(ratio "$batch_incr" "$redis_p16")
+{
 printf '\ncounter-gateway benchmark (%s per load, %s connections, %s wrk threads, %s cores)\n' "$DURATION" "$CONNECTIONS" "$THREADS" "$(nproc)"
-printf '%-48s %14s %10s\n' "load" "per second" "p99"
-printf '%-48s %14.0f %10s\n' "GET /healthz" "$healthz" "$(p99 healthz)"
-printf '%-48s %14.0f %10s\n' "POST single increment (10k keys, fsync'd)" "$single" "$(p99 single)"
-printf '%-48s %14.0f %10s\n' "POST /v1/events x1000 (requests)" "$batch_rps" "$(p99 batch)"
+printf '%-48s %14s %10s %12s %12s\n' "load" "per second" "p99" "server CPU" "client CPU"
+printf '%-48s %14s %10s %12s %12s\n' "" "" "" "us/request" "us/request"
+printf '%-48s %14.0f %10s %12s %12s\n' "GET /healthz" "$healthz" "$(p99 healthz)" "$(cpu healthz)" "$(client_cpu healthz)"
+printf '%-48s %14.0f %10s %12s %12s\n' "POST single increment (10k keys, fsync'd)" "$single" "$(p99 single)" "$(cpu single)" "$(client_cpu single)"
+printf '%-48s %14.0f %10s %12s %12s\n' "POST /v1/events x1000 (requests)" "$batch_rps" "$(p99 batch)" "$(cpu batch)" "$(client_cpu batch)"
 printf '%-48s %14.0f\n' "  increments in batches" "$batch_incr"
-printf '%-48s %14.0f\n' "redis-benchmark -t incr" "$redis_plain"
-printf '%-48s %14.0f\n' "redis-benchmark -t incr -P 16" "$redis_p16"
+printf '%-48s %14.0f %10s %12s %12s\n' "redis-benchmark -t incr" "$redis_plain" "" "$(cpu redis)" "$(client_cpu redis)"
+printf '%-48s %14.0f %10s %12s %12s\n' "redis-benchmark -t incr -P 16" "$redis_p16" "" "$(cpu redis-p16)" "$(client_cpu redis-p16)"
 printf '\n%-48s %8s %8s %8s\n' "target (SPEC §5)" "ratio" "needed" ""
 printf '%-48s %8s %8s %8s\n' "single increments / healthz" "$r1" "0.80" "$(check "$r1" 0.8)"
 printf '%-48s %8s %8s %8s\n' "single increments / redis incr" "$r2" "1.00" "$(check "$r2" 1.0)"
@@ -98,6 +144,8 @@ printf '%-48s %8s %8s %8s\n' "batched increments / redis incr -P 16" "$r3" "1.50
 printf '%-48s %8s %8s %8s\n' "batched increments per second / 2,000,000" "$(ratio "$batch_incr" 2000000)" "1.00" "$(check "$(ratio "$batch_incr" 2000000)" 1.0)"
 printf '\nincrements flushed %s, store writes %s (coalescing ratio %s increments per write)\n' \
   "$flushed" "$writes" "$(ratio "$flushed" "$writes")"
+printf 'CPU per request from /proc/<pid>/stat (gateway, redis-server) and getrusage (wrk, redis-benchmark)\n'
+} | tee "$work/table.txt"
 fi
 
 # --- Once per actor (issue 10): single increments with `unique: "day"` against

@@ -136,6 +136,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%addr, "listening");
 
+    // Answers go out as soon as they are written: a client waiting on one
+    // is never held back by Nagle's algorithm for the rest of a segment.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),

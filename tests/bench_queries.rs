@@ -68,7 +68,7 @@ async fn first_queries(store: &dyn Store, q: &TopQuery, moment: &str, n: usize) 
     }
 }
 
-/// Waits (up to `BENCH_WAIT_SECS`) until the change log is empty and every
+/// Waits (up to `BENCH_WAIT_SECS`) until the change logs are empty and every
 /// window ends on `today` with no roll under way, reading the database
 /// file on its own connection (no query of the store, which would fold
 /// itself); prints how long the background took.
@@ -82,7 +82,7 @@ async fn wait_for_background(db: &std::path::Path, today: i64, what: &str) {
     loop {
         let (log, behind): (i64, i64) = conn
             .query_row(
-                "SELECT (SELECT count(*) FROM bucket_log),
+                "SELECT (SELECT count(*) FROM bucket_log) + (SELECT count(*) FROM counter_log),
                         (SELECT count(*) FROM window_state WHERE anchor <> ?1 OR cursor <> 0)",
                 [today],
                 |r| Ok((r.get(0)?, r.get(1)?)),

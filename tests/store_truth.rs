@@ -16,8 +16,8 @@ use counter_gateway::domain::{
 };
 use counter_gateway::store::sqlite::{Durability, SqliteStore};
 use counter_gateway::store::{
-    Average, BatchOutcome, Bucket, RequestOutcome, StaleQuery, Store, StoreError, TopAverages,
-    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
+    Average, BatchOutcome, BlockingWrites, Bucket, RequestOutcome, StaleQuery, Store, StoreError,
+    TopAverages, TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
 };
 use serde_json::json;
 
@@ -166,13 +166,65 @@ enum Event {
 }
 
 /// Wraps the real store: records apply and sync, and can make them fail with
-/// a message that must never reach a client.
+/// a message that must never reach a client. With `blocking`, it offers the
+/// pipeline the store's blocking writes (recorded the same way), so the
+/// pipeline runs them on its own threads as it does for the real store.
 struct Recorder {
     inner: Arc<dyn Store>,
     log: Arc<Mutex<Vec<Event>>>,
     fail_apply: Arc<AtomicBool>,
     fail_sync: Arc<AtomicBool>,
     fail_reads: Arc<AtomicBool>,
+    blocking: Option<Arc<RecordedWrites>>,
+}
+
+/// The store's blocking writes, recorded as [`Recorder`] records its own.
+struct RecordedWrites {
+    inner: Arc<dyn BlockingWrites>,
+    log: Arc<Mutex<Vec<Event>>>,
+    fail_apply: Arc<AtomicBool>,
+    fail_sync: Arc<AtomicBool>,
+}
+
+impl BlockingWrites for RecordedWrites {
+    fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        let uuids = batch
+            .requests
+            .iter()
+            .flatten()
+            .map(|e| e.key.uuid.to_string())
+            .collect();
+        if self.fail_apply.load(SeqCst) {
+            return Err(StoreError::Internal(SECRET.into()));
+        }
+        let out = self.inner.apply(batch)?;
+        self.log.lock().unwrap().push(Event::Applied(uuids));
+        Ok(out)
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        let n = {
+            let mut log = self.log.lock().unwrap();
+            let n = log
+                .iter()
+                .filter(|e| matches!(e, Event::SyncStarted(_)))
+                .count();
+            log.push(Event::SyncStarted(n));
+            n
+        };
+        // Long enough for the next flush to be applied meanwhile.
+        std::thread::sleep(Duration::from_millis(3));
+        let result = if self.fail_sync.load(SeqCst) {
+            Err(StoreError::Internal(SECRET.into()))
+        } else {
+            self.inner.sync()
+        };
+        self.log
+            .lock()
+            .unwrap()
+            .push(Event::SyncEnded(n, result.is_ok()));
+        result
+    }
 }
 
 const SECRET: &str = "SECRET-DETAIL /var/lib/counters.sqlite3 errno 28";
@@ -301,6 +353,10 @@ impl Store for Recorder {
     ) -> Result<counter_gateway::store::ImportOutcome, StoreError> {
         self.inner.import(batch).await
     }
+
+    fn blocking_writes(&self) -> Option<Arc<dyn BlockingWrites>> {
+        self.blocking.clone().map(|w| w as Arc<dyn BlockingWrites>)
+    }
 }
 
 struct Recorded {
@@ -312,6 +368,12 @@ struct Recorded {
 }
 
 async fn recorded() -> Recorded {
+    recorded_on(false).await
+}
+
+/// [`recorded`], with the pipeline on its own threads (`blocking`) or on
+/// tasks calling the async `apply` and `sync`.
+async fn recorded_on(blocking: bool) -> Recorded {
     let log = Arc::new(Mutex::new(Vec::new()));
     let fail_apply = Arc::new(AtomicBool::new(false));
     let fail_sync = Arc::new(AtomicBool::new(false));
@@ -323,12 +385,23 @@ async fn recorded() -> Recorded {
         fail_reads.clone(),
     );
     let app = TestApp::start_wrapped(Options::default(), move |inner| {
+        let writes = blocking.then(|| {
+            Arc::new(RecordedWrites {
+                inner: inner
+                    .blocking_writes()
+                    .expect("the embedded store's blocking writes"),
+                log: l.clone(),
+                fail_apply: a.clone(),
+                fail_sync: s.clone(),
+            })
+        });
         Arc::new(Recorder {
             inner,
             log: l,
             fail_apply: a,
             fail_sync: s,
             fail_reads: r,
+            blocking: writes,
         })
     })
     .await;
@@ -364,7 +437,18 @@ async fn increments(rec: &Recorded, prefix: &str, n: usize) {
 /// a failed sync answers no 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_acknowledgement_precedes_the_fsync_that_covers_it() {
-    let rec = recorded().await;
+    acknowledgements_follow_their_fsync(false).await;
+}
+
+/// The same on the pipeline's own threads, the way it runs the embedded
+/// store ([`BlockingWrites`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_acknowledgement_precedes_the_fsync_that_covers_it_on_the_pipelines_threads() {
+    acknowledgements_follow_their_fsync(true).await;
+}
+
+async fn acknowledgements_follow_their_fsync(blocking: bool) {
+    let rec = recorded_on(blocking).await;
     increments(&rec, "ok-", 64).await;
     let log = rec.log.lock().unwrap().clone();
     let mut acked = 0;

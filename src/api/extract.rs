@@ -81,6 +81,10 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
                 )));
             }
         }
+        // No body (a bare increment): nothing to collect.
+        if axum::body::HttpBody::size_hint(req.body()).exact() == Some(0) {
+            return Ok(JsonBytes(Bytes::new()));
+        }
         let bytes = Bytes::from_request(req, state).await.map_err(|e| match e {
             BytesRejection::FailedToBufferBody(inner)
                 if inner.body_text().contains("length limit") =>

@@ -159,7 +159,15 @@ impl Pipeline {
     ) -> (Pipeline, JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let config = Arc::new(config);
-        let task = tokio::spawn(flusher::run(store, rx, config.clone(), metrics.clone()));
+        let task = match store.blocking_writes() {
+            Some(writes) => tokio::spawn(flusher::run_blocking(
+                writes,
+                rx,
+                config.clone(),
+                metrics.clone(),
+            )),
+            None => tokio::spawn(flusher::run(store, rx, config.clone(), metrics.clone())),
+        };
         (
             Pipeline {
                 tx,

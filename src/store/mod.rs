@@ -86,6 +86,16 @@ pub enum StoreError {
 /// Why an embedded store halted, as clients and `/readyz` are told.
 pub const HALTED_AFTER_FSYNC: &str = "the store stopped acknowledging writes after an fsync of its write-ahead log failed (the disk may have dropped written data); restart the gateway once the disk is healthy";
 
+/// A store's writes as plain blocking calls, for a store whose writes are
+/// local (the embedded store): the pipeline then applies and syncs on
+/// blocking threads of its own for as long as it is busy, instead of a
+/// task and a thread hand-off per flush and per fsync. Same contract as
+/// [`Store::apply`] and [`Store::sync`].
+pub trait BlockingWrites: Send + Sync + 'static {
+    fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError>;
+    fn sync(&self) -> Result<(), StoreError>;
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Applies a batch. When it returns, every `Applied` request is visible
@@ -97,6 +107,13 @@ pub trait Store: Send + Sync + 'static {
     /// no-op of its own. No default: a wrapper that forgot to forward it
     /// would silently drop durability.
     async fn sync(&self) -> Result<(), StoreError>;
+    /// The same writes as blocking calls, if this store has them. A store
+    /// without (Elasticsearch, a wrapper) is written through `apply` and
+    /// `sync` above: nothing is skipped, only the threads differ, hence a
+    /// default.
+    fn blocking_writes(&self) -> Option<std::sync::Arc<dyn BlockingWrites>> {
+        None
+    }
     /// One counter, or `None` if it was never counted (or was deleted).
     async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError>;
     /// Every counter of one target (entity + uuid), ordered by action.

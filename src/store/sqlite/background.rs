@@ -1,7 +1,8 @@
 //! The one background worker of every embedded store in the process: a
 //! single thread that gives each open store a turn in round-robin order
 //! (idempotency-id expiry, id counting, bucket and day-mark retention,
-//! window roll-up), so that 1,000 tenants cost one thread, not 1,000.
+//! folding the change log once flushes pause, window roll-up), so that
+//! 1,000 tenants cost one thread, not 1,000.
 //!
 //! Why this shape:
 //! - The worker holds only weak references to a store's connections: a
@@ -25,9 +26,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
-use rusqlite::Connection;
-
-use super::{count_ids, expire_buckets, expire_ids, rollup, Idle, Readers};
+use super::hot;
+use super::{count_ids, expire_buckets, expire_ids, first_kept_day, rollup, Idle, Readers, Writer};
 use crate::domain::Clock;
 
 /// How often each store gets its turn, and how long a turn may hold the
@@ -70,7 +70,8 @@ const READERS_UNUSED_FOR: Duration = Duration::from_secs(60);
 /// What the worker needs of one store. Weak where the store owns files or
 /// counts in `/metrics`: the worker must never keep a dropped store alive.
 pub(super) struct Job {
-    pub writer: Weak<Mutex<Connection>>,
+    pub writer: Weak<Mutex<Writer>>,
+    pub hot: hot::Shared,
     pub readers: Weak<Readers>,
     pub path: PathBuf,
     pub clock: Clock,
@@ -220,8 +221,8 @@ fn turn(e: &mut Entry) -> bool {
             Err(TryLockError::Poisoned(_)) => return false,
         };
         e.busy = 0;
-        let mut conn = conn;
-        e.quiet = work(&e.job, &mut conn, &mut e.expired_since_count, &mut hurry);
+        let mut w = conn;
+        e.quiet = work(&e.job, &mut w, &mut e.expired_since_count, &mut hurry);
     }
     drop(writer);
     e.count_ids_if_changed();
@@ -233,12 +234,12 @@ fn turn(e: &mut Entry) -> bool {
 /// last write read here is exact). Returns the conditions of a quiet store
 /// when there was nothing to do.
 /// `hurry` is set when the roll-up ran without flushes coming and is not done.
-fn work(job: &Job, conn: &mut Connection, expired: &mut bool, hurry: &mut bool) -> Option<Quiet> {
+fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Option<Quiet> {
     let write_ms = job.idle.last_write_ms();
     let today = job.clock.today();
     let mut nothing_to_do = true;
     let expired_before = job.clock.now_ms().saturating_sub(job.id_window_ms);
-    match expire_ids(conn, expired_before, EXPIRE_BUDGET) {
+    match expire_ids(&w.conn, expired_before, EXPIRE_BUDGET) {
         Ok(0) => {}
         Ok(_) => {
             *expired = true;
@@ -249,9 +250,15 @@ fn work(job: &Job, conn: &mut Connection, expired: &mut bool, hurry: &mut bool) 
             nothing_to_do = false;
         }
     }
-    match expire_buckets(conn, today, job.retention_days, RETAIN_BUDGET) {
+    match expire_buckets(&w.conn, today, job.retention_days, RETAIN_BUDGET) {
         Ok(0) => {}
-        Ok(_) => nothing_to_do = false,
+        Ok(_) => {
+            nothing_to_do = false;
+            // The writer reads those days from `buckets` again (gone).
+            if let Ok(day) = first_kept_day(&w.conn, today, job.retention_days) {
+                w.hot.lock().forget_days_before(day);
+            }
+        }
         Err(e) => {
             tracing::warn!("bucket retention failed (retried later): {e}");
             nothing_to_do = false;
@@ -259,7 +266,7 @@ fn work(job: &Job, conn: &mut Connection, expired: &mut bool, hurry: &mut bool) 
     }
     // Views' marks of days no event is accepted for any more.
     let oldest_day = today - i64::from(job.retention_days);
-    match super::marks::expire(conn, oldest_day, RETAIN_BUDGET) {
+    match super::marks::expire(&w.conn, oldest_day, RETAIN_BUDGET) {
         Ok(0) => {}
         Ok(_) => nothing_to_do = false,
         Err(e) => {
@@ -268,6 +275,38 @@ fn work(job: &Job, conn: &mut Connection, expired: &mut bool, hurry: &mut bool) 
         }
     }
     let busy = job.idle.quiet_for_ms() < ROLLUP_QUIET_MS;
+    // While flushes come, each folds a chunk when the log has grown (see
+    // `Writer::fold_after_flush`); once they pause, the rest is folded
+    // here, so lists and reports find it done.
+    let mut folding = false;
+    if !busy && !w.hold.held() {
+        let started = Instant::now();
+        loop {
+            match w.fold_step() {
+                Ok(false) => break,
+                Ok(true) if started.elapsed() >= ROLLUP_BUDGET => {
+                    nothing_to_do = false;
+                    *hurry = true;
+                    folding = true;
+                    break;
+                }
+                Ok(true) => {}
+                Err(e) => {
+                    tracing::warn!("folding the change log failed (retried later): {e}");
+                    nothing_to_do = false;
+                    break;
+                }
+            }
+        }
+    } else if job.hot.pending() > 0 {
+        nothing_to_do = false;
+    }
+    let conn = &mut w.conn;
+    // The window totals wait for the fold to finish: it appends to their
+    // log, and a rebuild of them halfway through would be done again.
+    if folding {
+        return None;
+    }
     if !busy || rollup::backlog(conn).unwrap_or(0) >= ROLLUP_MAX_BACKLOG {
         // A bulk backlog is rebuilt from the buckets only once flushes have
         // stopped: the rebuild is one long hold of the writer.

@@ -1,0 +1,261 @@
+//! The fold: brings `counters`, `buckets` and the window totals' change log
+//! (`bucket_log`, see `rollup`) up to date from the change log of flushes
+//! (`counter_log`, see `log`), off the acknowledgement path.
+//!
+//! Why this shape:
+//! - A flush only appends one blob to `counter_log` for the counters that
+//!   exist (and inserts the new ones whole), so the acknowledgement waits
+//!   for one b-tree append and its fsync, not for the counter row, the two
+//!   indexes of top lists and reports, and the day bucket that each
+//!   counter costs (measured: 19 µs of CPU per counter before, 0.7 after).
+//! - A fold pass takes every log row up to the newest, sums the deltas per
+//!   counter in memory (exactly, in i128), and applies them in counter
+//!   order, a chunk of [`CHUNK`] counters per transaction, so a flush
+//!   waits for at most one chunk. A hot counter costs one row update per
+//!   pass, not one per flush.
+//! - `fold_state` says how far a pass got (its last log row, the last
+//!   counter applied): a crash in the middle resumes at the next counter,
+//!   and every delta is applied exactly once. The pass's log rows are
+//!   deleted with its last chunk.
+//! - Each chunk's commit and the marking of its counters as current in
+//!   memory (`hot`) happen under one hold of its lock.
+
+use std::collections::HashMap;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use super::hot;
+use super::{internal, internal_msg, log};
+use crate::store::StoreError;
+
+/// Counters applied per transaction of a pass: a few milliseconds of the
+/// writer, so a flush waiting behind a chunk waits that long at most.
+pub(super) const CHUNK: usize = 2_000;
+
+/// The deltas of one counter in a pass.
+#[derive(Debug, Default)]
+struct Sum {
+    delta: i128,
+    first_ms: i64,
+    last_ms: i64,
+    /// The last category logged (in log order), if any.
+    category: Option<String>,
+    /// `(day, delta)` per day, in first-logged order.
+    days: Vec<(i64, i128)>,
+}
+
+/// A fold pass under way; see the module documentation.
+pub(super) struct Pass {
+    /// The newest log row the pass covers.
+    upto: i64,
+    /// The counters' sums, ordered by cid; those before `next` are applied.
+    sums: Vec<(i64, Sum)>,
+    next: usize,
+}
+
+/// Starts a pass over every log row there is (or resumes the one a crash
+/// interrupted); `None` when the log is empty.
+pub(super) fn begin(conn: &Connection) -> Result<Option<Pass>, StoreError> {
+    let resumed: Option<(i64, i64)> = conn
+        .query_row("SELECT upto, done_cid FROM fold_state", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()
+        .map_err(internal)?;
+    let (upto, done) = match resumed {
+        Some(r) => r,
+        None => {
+            let newest: Option<i64> = conn
+                .query_row("SELECT max(seq) FROM counter_log", [], |r| r.get(0))
+                .map_err(internal)?;
+            match newest {
+                Some(n) => (n, 0),
+                None => return Ok(None),
+            }
+        }
+    };
+    let mut sums: HashMap<i64, Sum> = HashMap::new();
+    let mut s = conn
+        .prepare_cached("SELECT entries FROM counter_log WHERE seq <= ?1 ORDER BY seq")
+        .map_err(internal)?;
+    let mut rows = s.query([upto]).map_err(internal)?;
+    while let Some(row) = rows.next().map_err(internal)? {
+        let blob = row.get_ref(0).map_err(internal)?.as_blob().map_err(|e| {
+            internal_msg(&format!(
+                "the change log holds a row that is not a blob: {e}"
+            ))
+        })?;
+        log::decode(blob, |e| {
+            if e.cid <= done {
+                return;
+            }
+            let sum = sums.entry(e.cid).or_insert_with(|| Sum {
+                first_ms: e.first_ms,
+                last_ms: e.last_ms,
+                ..Sum::default()
+            });
+            sum.delta += i128::from(e.delta);
+            sum.first_ms = sum.first_ms.min(e.first_ms);
+            sum.last_ms = sum.last_ms.max(e.last_ms);
+            if let Some(c) = e.category {
+                if sum.category.as_deref() != Some(c) {
+                    sum.category = Some(c.to_string());
+                }
+            }
+            match sum.days.iter_mut().find(|(d, _)| *d == e.day) {
+                Some((_, d)) => *d += i128::from(e.delta),
+                None => sum.days.push((e.day, i128::from(e.delta))),
+            }
+        })?;
+    }
+    let mut sums: Vec<(i64, Sum)> = sums.into_iter().collect();
+    sums.sort_unstable_by_key(|(cid, _)| *cid);
+    Ok(Some(Pass {
+        upto,
+        sums,
+        next: 0,
+    }))
+}
+
+impl Pass {
+    pub fn done(&self) -> bool {
+        self.next >= self.sums.len()
+    }
+}
+
+/// Applies the next chunk of `pass` in one transaction (the last chunk
+/// also deletes the pass's log rows), and marks the counters it made
+/// current in `hot`, under its lock with the commit.
+pub(super) fn chunk(
+    conn: &mut Connection,
+    pass: &mut Pass,
+    hot: &hot::Shared,
+) -> Result<(), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(internal)?;
+    let end = (pass.next + CHUNK).min(pass.sums.len());
+    {
+        let mut counter = tx
+            .prepare_cached(
+                "UPDATE counters SET
+                     value = value + ?2,
+                     category = coalesce(?3, category),
+                     first_ts = min(first_ts, ?4),
+                     recorded_ts = max(recorded_ts, ?5)
+                 WHERE cid = ?1",
+            )
+            .map_err(internal)?;
+        let mut bucket = tx
+            .prepare_cached(
+                "INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (day, cid) DO UPDATE SET value = value + excluded.value",
+            )
+            .map_err(internal)?;
+        let mut window_log = tx
+            .prepare_cached("INSERT INTO bucket_log (cid, day, delta) VALUES (?1, ?2, ?3)")
+            .map_err(internal)?;
+        for (cid, sum) in &pass.sums[pass.next..end] {
+            let cid = *cid;
+            let changed = match i64::try_from(sum.delta) {
+                // In range: the flushes checked the value after each of
+                // them, so `value + delta` is the value now and fits.
+                Ok(delta) => counter
+                    .execute(params![
+                        cid,
+                        delta,
+                        sum.category.as_deref(),
+                        sum.first_ms,
+                        sum.last_ms
+                    ])
+                    .map_err(internal)?,
+                // The pass spans flushes that went far one way and back.
+                Err(_) => set_counter(&tx, cid, sum)?,
+            };
+            if changed == 0 {
+                // Deleted since (a delete folds first, so only after a
+                // crash of an older build): nothing to bring up to date.
+                continue;
+            }
+            for &(day, d) in &sum.days {
+                match i64::try_from(d) {
+                    Ok(d) => {
+                        bucket.execute(params![day, cid, d]).map_err(internal)?;
+                    }
+                    Err(_) => set_bucket(&tx, cid, day, d)?,
+                }
+                for part in super::backfill::split(d) {
+                    window_log
+                        .execute(params![cid, day, part])
+                        .map_err(internal)?;
+                }
+            }
+        }
+    }
+    let last_cid = pass.sums.get(end.wrapping_sub(1)).map_or(0, |(c, _)| *c);
+    if end >= pass.sums.len() {
+        tx.execute("DELETE FROM counter_log WHERE seq <= ?1", [pass.upto])
+            .map_err(internal)?;
+        tx.execute("DELETE FROM fold_state", []).map_err(internal)?;
+    } else {
+        tx.execute(
+            "INSERT OR REPLACE INTO fold_state (id, upto, done_cid) VALUES (1, ?1, ?2)",
+            params![pass.upto, last_cid],
+        )
+        .map_err(internal)?;
+    }
+    let mut hot = hot.lock();
+    tx.commit().map_err(internal)?;
+    hot.folded(pass.sums[pass.next..end].iter().map(|(c, _)| *c), pass.upto);
+    drop(hot);
+    pass.next = end;
+    Ok(())
+}
+
+/// `counters.value` moved by a delta past i64 (the value after it fits).
+fn set_counter(tx: &Connection, cid: i64, sum: &Sum) -> Result<usize, StoreError> {
+    let old: Option<i64> = tx
+        .query_row("SELECT value FROM counters WHERE cid = ?1", [cid], |r| {
+            r.get(0)
+        })
+        .optional()
+        .map_err(internal)?;
+    let Some(old) = old else { return Ok(0) };
+    let value = i64::try_from(i128::from(old) + sum.delta)
+        .map_err(|_| internal_msg("the change log takes a counter outside i64"))?;
+    tx.execute(
+        "UPDATE counters SET value = ?2, category = coalesce(?3, category),
+             first_ts = min(first_ts, ?4), recorded_ts = max(recorded_ts, ?5)
+         WHERE cid = ?1",
+        params![
+            cid,
+            value,
+            sum.category.as_deref(),
+            sum.first_ms,
+            sum.last_ms
+        ],
+    )
+    .map_err(internal)
+}
+
+/// A bucket moved by a delta past i64 (the value after it fits).
+fn set_bucket(tx: &Connection, cid: i64, day: i64, d: i128) -> Result<(), StoreError> {
+    let old: i64 = tx
+        .query_row(
+            "SELECT value FROM buckets WHERE day = ?1 AND cid = ?2",
+            [day, cid],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(internal)?
+        .unwrap_or(0);
+    let value = i64::try_from(i128::from(old) + d)
+        .map_err(|_| internal_msg("the change log takes a bucket outside i64"))?;
+    tx.execute(
+        "INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)
+         ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
+        params![day, cid, value],
+    )
+    .map_err(internal)?;
+    Ok(())
+}
