@@ -66,9 +66,9 @@ if [ -n "${ELASTICSEARCH_URL:-}" ]; then
   else
     echo "tests/es_node_faults.rs: SKIPPED, needs java and mvn for its own node"
   fi
-  cargo test --locked "${es_suites[@]}" -- --ignored 2>&1 | tee "$es_log" || es_status=$?
+  RUST_LOG="${RUST_LOG:-warn}" cargo test --locked "${es_suites[@]}" -- --ignored 2>&1 | tee "$es_log" || es_status=$?
 else
-  scripts/opensearch.sh run -- cargo test --locked --test es_real --test es_node_faults --test es_transfer -- --ignored 2>&1 | tee "$es_log" || es_status=$?
+  RUST_LOG="${RUST_LOG:-warn}" scripts/opensearch.sh run -- cargo test --locked --test es_real --test es_node_faults --test es_transfer -- --ignored 2>&1 | tee "$es_log" || es_status=$?
 fi
 es_passed=$(count "$es_log" "passed;"); es_failed=$(count "$es_log" "failed;")
 if grep -q '^opensearch: unavailable:' "$es_log"; then

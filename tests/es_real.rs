@@ -46,6 +46,7 @@ const NEEDS: &str = "needs a real Elasticsearch or OpenSearch: set ELASTICSEARCH
 
 /// The cluster to test against, checked to answer; panics with the reason otherwise.
 async fn cluster() -> String {
+    common::logs();
     let url = match std::env::var("ELASTICSEARCH_URL") {
         Ok(u) if !u.trim().is_empty() => u.trim().trim_end_matches('/').to_string(),
         _ => panic!(

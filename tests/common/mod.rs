@@ -80,6 +80,19 @@ impl Default for Options {
 }
 
 /// A key-file line granting `role` on `tenant` (`*` for all) to the clear key `key`.
+/// The gateway's logs in a test's captured output (shown when it fails),
+/// filtered by `RUST_LOG`; nothing without it. A 5xx answer names only a
+/// request id: its cause is in these logs.
+#[allow(dead_code)]
+pub fn logs() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 pub fn key_line(role: &str, tenant: &str, key: &str) -> String {
     format!(
         "{role} {tenant} {}\n",
