@@ -383,6 +383,14 @@ impl counter_gateway::store::Store for Interrupted {
     ) -> Result<Vec<counter_gateway::store::AverageHistory>, StoreError> {
         self.inner.average_page(after, limit, from_day).await
     }
+    async fn mark_page(
+        &self,
+        after: Option<counter_gateway::store::ActorMark>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<counter_gateway::store::ActorMark>, StoreError> {
+        self.inner.mark_page(after, limit, from_day).await
+    }
     async fn import(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) >= self.ok {
             return Err(StoreError::Unavailable("the disk went away".into()));
