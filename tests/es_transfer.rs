@@ -851,9 +851,33 @@ async fn migrate_carries_marks_and_a_gateway_with_the_secret_it_names_counts_no_
     .await;
     assert_eq!((s, &b["counted"]), (200, &json!(false)), "{b}");
     drop(_running);
+    // The gateway's own mark carries the fields export lists it by.
+    let names = EsConfig::new(&url, &p, "default").unwrap().names;
+    let _ = http
+        .post(format!("{url}/{}/_refresh", names.actor_marks()))
+        .send()
+        .await;
+    let lacking: Value = http
+        .post(format!("{url}/{}/_count", names.actor_marks()))
+        .json(&json!({"query": {"bool": {"must_not": [{"exists": {"field": "mark"}}]}}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(lacking["count"], 0, "{lacking}");
+    let likes = export_marked(&to, Some(fp.clone()), rules()).await;
+    assert_eq!(
+        likes
+            .lines()
+            .filter(|l| l.contains(r#""scope":"ever""#))
+            .count(),
+        4,
+        "alice, bob and dave's likes, and erin's: {likes}"
+    );
 
     // A mark deleted in the cluster behind the gateways' back is reported.
-    let names = EsConfig::new(&url, &p, "default").unwrap().names;
     let r = http
         .post(format!(
             "{url}/{}/_delete_by_query?refresh=true",
