@@ -244,3 +244,64 @@ async fn bench_import_and_export() {
             .await;
     }
 }
+
+/// Benchmark (not a test): what a flush of views with `unique: "day"`
+/// costs the embedded store, per event, now that a new mark also names its
+/// counter for `export` (`actor_mark_keys`). `BENCH_VIEWS` (default
+/// 200,000) views of new actors in flushes of 1,000 over 1,000 counters,
+/// then as many repeats; this process's CPU time per event.
+/// `cargo test --release --test bench_transfer bench_view_marks -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: cargo test --release --test bench_transfer bench_view_marks -- --ignored --nocapture"]
+async fn bench_view_marks_written() {
+    use counter_gateway::domain::{Increment, Kind, Scope, Unique};
+    use counter_gateway::store::WriteBatch;
+    let views = env("BENCH_VIEWS", 200_000);
+    let clock = ManualClock::new(common::test_now()).clock();
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(
+        dir.path(),
+        Durability::Relaxed,
+        Duration::from_secs(7 * 86_400),
+        400,
+        clock,
+    )
+    .unwrap();
+    let today = day_of(common::test_now());
+    let keys: Vec<CounterKey> = (0..1_000)
+        .map(|i| CounterKey::new("ARTICLE", "VIEW", &format!("article-{i:04}")).unwrap())
+        .collect();
+    let event = |i: usize| Increment {
+        key: keys[i % keys.len()].clone(),
+        delta: 1,
+        category: None,
+        ts_ms: today * 86_400_000,
+        day: today,
+        id: None,
+        unique: Some(Unique {
+            scope: Scope::Day,
+            mark: Mark(
+                ((i as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)).to_le_bytes(),
+            ),
+        }),
+        kind: Kind::Counter,
+    };
+    for round in ["new actors", "repeats"] {
+        let (t, c) = (Instant::now(), cpu());
+        for start in (0..views).step_by(1_000) {
+            let batch = WriteBatch {
+                requests: (start..(start + 1_000).min(views))
+                    .map(|i| vec![event(i)])
+                    .collect(),
+                wanted: Default::default(),
+            };
+            store.apply(batch).await.unwrap();
+        }
+        let spent = cpu() - c;
+        println!(
+            "embedded (relaxed): {views} views of {round} in flushes of 1,000: {:.2} s, {:.2} µs CPU of this process per event",
+            t.elapsed().as_secs_f64(),
+            spent.as_secs_f64() * 1e6 / views as f64
+        );
+    }
+}

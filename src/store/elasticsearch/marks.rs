@@ -1,7 +1,7 @@
 //! Counting once per actor on Elasticsearch: the marks of events with
 //! `unique`, each a document of its own (`<prefix>_<tenant>_actor_marks`
 //! for likes, monthly `..._actor_day_marks-YYYY.MM` for views, routed by
-//! counter id), changed by the stored script `<prefix>-actor-mark-v1`.
+//! counter id), changed by the stored script `<prefix>-actor-mark-v2`.
 //!
 //! A mark and its counter are two documents, which no transaction spans,
 //! so the guarantee is **never counted twice**, in three steps per flush:
