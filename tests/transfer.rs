@@ -1150,3 +1150,124 @@ async fn marks_of_an_earlier_version_are_named_at_open_and_exported() {
     let store = open_store(dir.path());
     assert_eq!(export_marked(&store, Some(&fp), rules()).await, before);
 }
+
+/// The command line carries marks and their secret: `export` names the
+/// data directory's secret by its fingerprint; `import` into a data
+/// directory without one refuses the marks unless given the secret (then
+/// keeps it for the gateway), or imports without them with `--skip-marks`.
+/// Dates are fixed in the past (the binary runs on the system clock).
+#[test]
+fn the_commands_carry_marks_and_name_their_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let (from, to, bare) = (
+        dir.path().join("from"),
+        dir.path().join("to"),
+        dir.path().join("bare"),
+    );
+    std::fs::create_dir_all(&from).unwrap();
+    let secret = "the secret of the data directory `from`";
+    assert!(counter_gateway::actors::keep_embedded_secret(&from, secret).unwrap());
+    let key = counter_gateway::domain::ActorKey::new(secret.as_bytes()).unwrap();
+    let fp = key.fingerprint().unwrap();
+    let like = CounterKey::new("E", "like", "a").unwrap();
+    let mut text = format::header_line();
+    text.push_str(
+        r#"{"kind":"counter","entity":"E","action":"like","uuid":"a","value":1,"before":1,"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{}}"#,
+    );
+    text.push('\n');
+    text.push_str(&format::mark_line(&counter_gateway::store::ActorMark {
+        key: like.clone(),
+        mark: key.mark(&like, "alice").unwrap(),
+        day: None,
+        state: counter_gateway::store::MarkState::Counted,
+    }));
+    let input = dir.path().join("in.ndjson");
+    std::fs::write(&input, &text).unwrap();
+    let bin = env!("CARGO_BIN_EXE_counter-gateway");
+    let run = |args: &[&str], secret: Option<&str>| {
+        let mut c = std::process::Command::new(bin);
+        c.args(args)
+            .env_remove("COUNTER_GATEWAY_ELASTICSEARCH_URL")
+            .env_remove("COUNTER_GATEWAY_ACTOR_SECRET")
+            .env_remove("COUNTER_GATEWAY_SKIP_MARKS");
+        if let Some(s) = secret {
+            c.env("COUNTER_GATEWAY_ACTOR_SECRET", s);
+        }
+        c.output().unwrap()
+    };
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let out = run(
+        &[
+            "import",
+            "--data-dir",
+            &path(&from),
+            "--input",
+            &path(&input),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["export", "--data-dir", &path(&from)], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exported = String::from_utf8(out.stdout).unwrap();
+    let want = format!(
+        "{}{}{}",
+        format::header_line(),
+        format::actor_secret_line(&fp),
+        &text[format::header_line().len()..]
+    );
+    assert_eq!(exported, want);
+    let file = dir.path().join("out.ndjson");
+    std::fs::write(&file, &exported).unwrap();
+
+    // A data directory without a secret: refused, then taken with it.
+    let import_to = |d: &std::path::Path, extra: &[&str], secret: Option<&str>| {
+        let mut args = vec![
+            "import".to_string(),
+            "--data-dir".into(),
+            path(d),
+            "--input".into(),
+            path(&file),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run(&args, secret);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stderr) = import_to(&to, &[], None);
+    assert!(
+        !ok && stderr.contains("line 2:") && stderr.contains("--actor-secret"),
+        "{stderr}"
+    );
+    let (ok, stderr) = import_to(&to, &[], Some(secret));
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("1 marks of actors") && stderr.contains("kept the actor secret"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(to.join("actor-secret")).unwrap(),
+        secret
+    );
+    // Another secret given: refused, naming both fingerprints.
+    let (ok, stderr) = import_to(&to, &[], Some("some other secret, not the one"));
+    assert!(!ok && stderr.contains(&fp), "{stderr}");
+    // Without the marks.
+    let (ok, stderr) = import_to(&bare, &["--skip-marks"], None);
+    assert!(
+        ok && stderr.contains("1 marks left out (--skip-marks)"),
+        "{stderr}"
+    );
+    assert!(!bare.join("actor-secret").exists());
+}

@@ -165,10 +165,15 @@ impl Opened {
                 format!("{}", data_dir.join(crate::actors::SECRET_FILE).display()),
             ),
             Opened::Cluster(store) => (
-                store
-                    .recorded_fingerprint()
-                    .await
-                    .map_err(|e| e.to_string())?,
+                // Reading it needs `view_index_metadata`: an export by a
+                // user without it goes on, naming no secret.
+                match store.recorded_fingerprint().await {
+                    Ok(fp) => fp,
+                    Err(e) => {
+                        eprintln!("could not read the actor secret's fingerprint recorded in the cluster ({e}); the export names none");
+                        None
+                    }
+                },
                 format!(
                     "the fingerprint recorded on {}",
                     store.config().names.actor_marks()
@@ -214,12 +219,18 @@ pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
         now: clock.now(),
         policy: args.store.time_policy(),
     };
+    let marks = !args.secret.skip_marks;
+    let fingerprint = if marks {
+        opened
+            .fingerprint(args.secret.actor_secret.as_deref())
+            .await?
+    } else {
+        None
+    };
     let what = export::Export {
         from_day: rules.oldest_day(),
-        marks: !args.secret.skip_marks,
-        fingerprint: opened
-            .fingerprint(args.secret.actor_secret.as_deref())
-            .await?,
+        marks,
+        fingerprint,
     };
     let bar = progress(Unit::Records);
     let started = std::time::Instant::now();
