@@ -302,19 +302,42 @@ pub const SECRET_FILE: &str = "actor-secret";
 /// keys, so it stays the same across restarts (a new secret would count
 /// every actor again), and a copy of the directory keeps working.
 pub fn embedded_secret(data_dir: &std::path::Path) -> Result<ActorKey, String> {
-    let path = data_dir.join(SECRET_FILE);
-    let shown = path.display();
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            return ActorKey::new(text.trim().as_bytes()).map_err(|e| format!("{shown}: {e}"))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("cannot read the actor secret {shown}: {e}")),
+    if let Some(key) = existing_embedded_secret(data_dir)? {
+        return Ok(key);
     }
     let mut bytes = [0u8; 32];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
         .map_err(|_| "no randomness for a new actor secret".to_string())?;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::domain::to_hex(&bytes);
+    if keep_embedded_secret(data_dir, &hex)? {
+        tracing::info!(path = %data_dir.join(SECRET_FILE).display(), "made a new actor secret");
+        return ActorKey::new(hex.as_bytes());
+    }
+    // Another process made it first: use theirs.
+    embedded_secret(data_dir)
+}
+
+/// The secret in `<data_dir>/actor-secret`, if that file exists (never
+/// made here: `export` and `migrate` read it, and must not invent one).
+pub fn existing_embedded_secret(data_dir: &std::path::Path) -> Result<Option<ActorKey>, String> {
+    let path = data_dir.join(SECRET_FILE);
+    let shown = path.display();
+    match std::fs::read_to_string(&path) {
+        Ok(text) => ActorKey::new(text.trim().as_bytes())
+            .map(Some)
+            .map_err(|e| format!("{shown}: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read the actor secret {shown}: {e}")),
+    }
+}
+
+/// Writes `secret` to `<data_dir>/actor-secret` (readable by the owner
+/// only, fsync'd with its directory) unless that file exists; `false` when
+/// it did (left as it is). How `import` hands the secret of the marks it
+/// brings to the gateway that will serve them.
+pub fn keep_embedded_secret(data_dir: &std::path::Path, secret: &str) -> Result<bool, String> {
+    let path = data_dir.join(SECRET_FILE);
+    let shown = path.display();
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
@@ -322,16 +345,40 @@ pub fn embedded_secret(data_dir: &std::path::Path) -> Result<ActorKey, String> {
     match options.open(&path) {
         Ok(mut f) => {
             use std::io::Write as _;
-            f.write_all(hex.as_bytes())
+            f.write_all(secret.as_bytes())
                 .and_then(|()| f.sync_all())
                 .and_then(|()| std::fs::File::open(data_dir)?.sync_all())
                 .map_err(|e| format!("cannot write the actor secret {shown}: {e}"))?;
-            tracing::info!(path = %shown, "made a new actor secret");
-            ActorKey::new(hex.as_bytes())
+            Ok(true)
         }
-        // Another process made it first: use theirs.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => embedded_secret(data_dir),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(format!("cannot create the actor secret {shown}: {e}")),
+    }
+}
+
+/// A gateway on Elasticsearch at start: `recorded` holds (index,
+/// fingerprint) of every tenant whose marks `migrate` or `import` recorded
+/// the secret of. A secret of another fingerprint would count every actor
+/// of those tenants once more: refused, naming both. Without a secret the
+/// gateway refuses `unique` anyway; the answer is then a warning to log,
+/// naming the fingerprint to look for.
+pub fn check_recorded_secret(
+    recorded: &[(String, String)],
+    key: &ActorKey,
+) -> Result<Option<String>, String> {
+    let Some((index, wanted)) = recorded.first() else {
+        return Ok(None);
+    };
+    match key.fingerprint() {
+        None => Ok(Some(format!(
+            "the actor marks in {index} were keyed with the actor secret of fingerprint {wanted}: give every gateway that secret (COUNTER_GATEWAY_ACTOR_SECRET) to count once per actor"
+        ))),
+        Some(mine) => match recorded.iter().find(|(_, fp)| *fp != mine) {
+            None => Ok(None),
+            Some((index, theirs)) => Err(format!(
+                "the actor marks in {index} were keyed with the actor secret of fingerprint {theirs} (recorded by migrate or import), and this gateway's COUNTER_GATEWAY_ACTOR_SECRET has fingerprint {mine}: with it every actor would count once more. Start it with the secret `migrate` named (the embedded store's actor-secret file), or, to start counting afresh under this one, delete that tenant's actor mark indices"
+            )),
+        },
     }
 }
 
@@ -463,6 +510,45 @@ mod tests {
         assert_ne!(first.mark(&k, "alice"), elsewhere.mark(&k, "alice"));
         std::fs::write(dir.path().join(SECRET_FILE), "short").unwrap();
         assert!(embedded_secret(dir.path()).unwrap_err().contains("16"));
+    }
+
+    #[test]
+    fn a_secret_is_read_without_being_made_and_kept_only_where_none_is() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(existing_embedded_secret(dir.path()).unwrap().is_none());
+        assert!(!dir.path().join(SECRET_FILE).exists());
+        assert!(keep_embedded_secret(dir.path(), "0123456789abcdef0123").unwrap());
+        assert!(!keep_embedded_secret(dir.path(), "another secret, never written").unwrap());
+        let kept = existing_embedded_secret(dir.path()).unwrap().unwrap();
+        let given = ActorKey::new(b"0123456789abcdef0123").unwrap();
+        assert_eq!(kept.fingerprint(), given.fingerprint());
+        assert_eq!(
+            embedded_secret(dir.path()).unwrap().fingerprint(),
+            given.fingerprint()
+        );
+    }
+
+    #[test]
+    fn a_gateway_refuses_a_secret_other_than_the_recorded_one() {
+        let a = ActorKey::new(b"0123456789abcdef").unwrap();
+        let b = ActorKey::new(b"fedcba9876543210").unwrap();
+        let fa = a.fingerprint().unwrap();
+        let recorded = vec![
+            ("cg_acme_actor_marks".to_string(), fa.clone()),
+            ("cg_default_actor_marks".to_string(), fa.clone()),
+        ];
+        assert_eq!(check_recorded_secret(&recorded, &a), Ok(None));
+        assert_eq!(check_recorded_secret(&[], &b), Ok(None));
+        let e = check_recorded_secret(&recorded, &b).unwrap_err();
+        assert!(
+            e.contains(&fa) && e.contains(&b.fingerprint().unwrap()),
+            "{e}"
+        );
+        assert!(e.contains("cg_acme_actor_marks"), "{e}");
+        let warn = check_recorded_secret(&recorded, &ActorKey::none())
+            .unwrap()
+            .unwrap();
+        assert!(warn.contains(&fa), "{warn}");
     }
 
     #[test]

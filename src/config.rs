@@ -68,6 +68,27 @@ pub struct ExportArgs {
     /// absent: standard output.
     #[arg(long, short, env = "COUNTER_GATEWAY_EXPORT_OUTPUT")]
     pub output: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub secret: SecretArgs,
+}
+
+/// The actor secret of the commands that move marks of actors (`export`,
+/// `import`, `migrate`): named in files by its fingerprint, never itself.
+#[derive(Debug, Clone, Default, Args)]
+pub struct SecretArgs {
+    /// The actor secret the gateways of this store key actors with (as
+    /// `serve --actor-secret`). Without it the embedded store's is read
+    /// from `<data-dir>/actor-secret`, and a cluster's from what `migrate`
+    /// or `import` recorded there. Only its fingerprint is ever written.
+    #[arg(long, env = "COUNTER_GATEWAY_ACTOR_SECRET", hide_env_values = true)]
+    pub actor_secret: Option<String>,
+
+    /// Leave the marks of actors (once per actor) out: not written
+    /// (`export`, `migrate`) or not set (`import`). Every actor then counts
+    /// once more where the data lands.
+    #[arg(long, env = "COUNTER_GATEWAY_SKIP_MARKS")]
+    pub skip_marks: bool,
 }
 
 /// `import`: into the embedded store (`--data-dir`, with no gateway
@@ -106,6 +127,9 @@ pub struct ImportArgs {
     #[arg(long, env = "COUNTER_GATEWAY_IMPORT_BATCH_SIZE", default_value_t = 1_000,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub batch_size: u64,
+
+    #[command(flatten)]
+    pub secret: SecretArgs,
 }
 
 /// `migrate`: needs both `--data-dir` (the embedded store, stopped) and
@@ -114,6 +138,9 @@ pub struct ImportArgs {
 pub struct MigrateArgs {
     #[command(flatten)]
     pub store: StoreArgs,
+
+    #[command(flatten)]
+    pub secret: SecretArgs,
 }
 
 /// Where the counters are kept and the time rules their data follows:

@@ -52,6 +52,21 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                     "no --actor-secret: events with `unique` are refused (400); give every gateway of this cluster the same secret to count once per actor"
                 ),
             }
+            // Marks copied in (migrate, import) are keyed with the secret
+            // recorded with them: another one would count every actor again.
+            match store.recorded_fingerprints().await {
+                Ok(recorded) => {
+                    if let Some(warning) =
+                        crate::actors::check_recorded_secret(&recorded, &actor_key)?
+                    {
+                        tracing::warn!("{warning}");
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "could not read the actor secret's fingerprint recorded in the cluster: this gateway's secret is not checked against it"
+                ),
+            }
             // Without ILM (OpenSearch) the gateway deletes expired bucket
             // months itself, in the background, never on the write path.
             let retention = Arc::new(

@@ -261,6 +261,8 @@ fn mappings_are_strict_and_typed() {
             let ty = def["type"].as_str().unwrap();
             let want = match field.as_str() {
                 "counter_id" | "entity" | "action" | "uuid" | "category" => "keyword",
+                // Actor marks: the order `export` lists them in.
+                "counter_hash" | "mark" => "keyword",
                 // Actor marks: their scope and state, and what is only read back.
                 "scope" | "state" | "token" | "outcome" => "keyword",
                 "value" | "sum" | "quantity" | "skipped_events" => "long",

@@ -141,7 +141,7 @@ async fn export_import_export_gives_the_same_file() {
     let all = lines(&first);
     assert_eq!(
         all[0],
-        json!({"kind": "header", "format": "counter-gateway", "version": 1})
+        json!({"kind": "header", "format": "counter-gateway", "version": 2})
     );
     // 20 videos, 1 old, 4 articles, 2 averages, and the header.
     assert_eq!(all.len(), 1 + 25 + 2, "{first}");
@@ -383,6 +383,14 @@ impl counter_gateway::store::Store for Interrupted {
     ) -> Result<Vec<counter_gateway::store::AverageHistory>, StoreError> {
         self.inner.average_page(after, limit, from_day).await
     }
+    async fn mark_page(
+        &self,
+        after: Option<counter_gateway::store::ActorMark>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<counter_gateway::store::ActorMark>, StoreError> {
+        self.inner.mark_page(after, limit, from_day).await
+    }
     async fn import(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) >= self.ok {
             return Err(StoreError::Unavailable("the disk went away".into()));
@@ -579,8 +587,8 @@ async fn the_header_is_required_and_versioned() {
             "must be the header",
         ),
         (
-            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":2}\n",
-            "version 1",
+            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":3}\n",
+            "versions 1 and 2",
         ),
     ] {
         let e = import_text(&*store, text, &import::Options::default())
@@ -588,6 +596,16 @@ async fn the_header_is_required_and_versioned() {
             .unwrap_err();
         assert!(e.contains(why), "{text}: {e}");
     }
+    // A version 1 file (before marks) imports as it did.
+    let v1 = format!(
+        "{{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":1}}\n{}\n",
+        json!({"kind": "counter", "entity": "E", "action": "A", "uuid": "u", "value": 4})
+    );
+    let done = import_text(&*store, &v1, &import::Options::default())
+        .await
+        .unwrap();
+    assert_eq!(done.counters, 1);
+    assert_eq!(value(&*store, "u").await, Some(4));
 }
 
 /// The command line: import a file into a data directory, export it back
@@ -754,4 +772,502 @@ fn an_import_killed_mid_file_resumes_from_its_checkpoint() {
         String::from_utf8(out.stdout).unwrap() == text,
         "the store after the resumed import differs from the file"
     );
+}
+
+/// Likes, an unlike and views over HTTP, by actors whose names must never
+/// reach a file: on ARTICLE/like, alice and bob like a1 (carol likes it,
+/// then takes it back), dave likes a2; on ARTICLE/VIEW/a1, visitor-1 views
+/// today and yesterday, visitor-2 today, visitor-3 399 days ago.
+async fn liked_and_viewed(app: &TestApp) {
+    for (who, uuid) in [
+        ("alice@example.org", "a1"),
+        ("bob", "a1"),
+        ("carol", "a1"),
+        ("dave", "a2"),
+    ] {
+        let r = app
+            .increment(
+                "ARTICLE",
+                "like",
+                uuid,
+                json!({"actor": who, "unique": "ever"}),
+            )
+            .await;
+        assert_eq!(
+            (r.status, &r.json["counted"]),
+            (200, &json!(true)),
+            "{}",
+            r.text
+        );
+    }
+    let r = app
+        .post(
+            &common::counter_path("ARTICLE", "like", "a1", "/decrement"),
+            json!({"actor": "carol", "unique": "ever"}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, &r.json["counted"]),
+        (200, &json!(true)),
+        "{}",
+        r.text
+    );
+    let views: Vec<Value> = [
+        ("visitor-1", 0),
+        ("visitor-1", 1),
+        ("visitor-2", 0),
+        ("visitor-3", 399),
+    ]
+    .iter()
+    .map(|(who, n)| {
+        json!({"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "actor": who,
+                   "unique": "day", "timestamp": ts(*n)})
+    })
+    .collect();
+    let r = app.post("/v1/events", json!({ "events": views })).await;
+    assert_eq!(
+        r.json,
+        json!({"accepted": 4, "duplicates": 0}),
+        "{}",
+        r.text
+    );
+}
+
+/// The secret a test app made in its data directory, and its fingerprint.
+fn secret_of(dir: &std::path::Path) -> (String, String) {
+    let secret = std::fs::read_to_string(dir.join("actor-secret")).unwrap();
+    let fp = counter_gateway::domain::ActorKey::new(secret.trim().as_bytes())
+        .unwrap()
+        .fingerprint()
+        .unwrap();
+    (secret.trim().to_string(), fp)
+}
+
+/// An export naming `fingerprint`, with days from `rules`' retention on.
+async fn export_marked(
+    store: &dyn Store,
+    fingerprint: Option<&str>,
+    rules: format::Rules,
+) -> String {
+    let mut out = Vec::new();
+    let what = export::Export {
+        from_day: rules.oldest_day(),
+        marks: true,
+        fingerprint: fingerprint.map(str::to_string),
+    };
+    export::write(store, &mut out, &what, &hidden())
+        .await
+        .unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+fn into_dir(dir: &std::path::Path, given: Option<&str>) -> import::Options {
+    import::Options {
+        secret: counter_gateway::transfer::secret::SecretCheck::Embedded {
+            data_dir: dir.to_path_buf(),
+            given: given.map(str::to_string),
+        },
+        ..import::Options::default()
+    }
+}
+
+fn open_store(dir: &std::path::Path) -> SqliteStore {
+    SqliteStore::open(
+        dir,
+        Durability::Full,
+        Duration::from_secs(7 * 86_400),
+        TimePolicy::default().retention_days,
+        ManualClock::new(test_now()).clock(),
+    )
+    .unwrap()
+}
+
+/// Marks go out and come back: the file names the secret by its
+/// fingerprint and holds no actor; a data directory without a secret takes
+/// the marks only with the secret they were made with (and keeps it for its
+/// gateway); importing twice, and exporting again, give the same file; a
+/// gateway on the imported store does not count a repeat like or view.
+#[tokio::test]
+async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
+    let app = TestApp::start().await;
+    liked_and_viewed(&app).await;
+    let (secret, fp) = secret_of(app.data_dir());
+    let file = export_marked(&*app.state.store, Some(&fp), rules()).await;
+    let all = lines(&file);
+    assert_eq!(all[0]["version"], 2);
+    assert_eq!(all[1], json!({"kind": "actor_secret", "fingerprint": fp}));
+    let marks: Vec<&Value> = all.iter().filter(|r| r["kind"] == "mark").collect();
+    // Likes that stand (carol's was taken back), then views by day.
+    let scopes: Vec<(&str, &str, Option<&str>)> = marks
+        .iter()
+        .map(|m| {
+            (
+                m["uuid"].as_str().unwrap(),
+                m["scope"].as_str().unwrap(),
+                m["day"].as_str(),
+            )
+        })
+        .collect();
+    let (d0, d1, d399) = (day(0), day(1), day(399));
+    let mut want = vec![
+        ("a1", "ever", None),
+        ("a1", "ever", None),
+        ("a2", "ever", None),
+    ];
+    want.sort_by_key(|w| w.0);
+    let mut ever: Vec<_> = scopes[..3].to_vec();
+    ever.sort_by_key(|w| w.0);
+    assert_eq!(ever, want, "{file}");
+    assert_eq!(
+        scopes[3..].to_vec(),
+        vec![
+            ("a1", "day", Some(d399.as_str())),
+            ("a1", "day", Some(d1.as_str())),
+            ("a1", "day", Some(d0.as_str())),
+            ("a1", "day", Some(d0.as_str())),
+        ],
+        "{file}"
+    );
+    assert!(marks
+        .iter()
+        .all(|m| m["state"] == "counted" && m["mark"].as_str().unwrap().len() == 32));
+    for who in ["alice", "bob", "carol", "visitor"] {
+        assert!(!file.contains(who), "{who} in {file}");
+    }
+    assert!(!file.contains(&secret));
+
+    // Into a new data directory: not without the secret, and nothing of
+    // the file applied.
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let e = import_text(&store, &file, &into_dir(dir.path(), None))
+        .await
+        .unwrap_err();
+    assert!(
+        e.starts_with("line 2: ") && e.contains(&fp) && e.contains("--actor-secret"),
+        "{e}"
+    );
+    assert!(store.counter_page(None, 10, 0).await.unwrap().is_empty());
+    assert!(!dir.path().join("actor-secret").exists());
+    // With it: the marks set, the secret kept for the gateway.
+    let done = import_text(&store, &file, &into_dir(dir.path(), Some(&secret)))
+        .await
+        .unwrap();
+    assert_eq!((done.marks, done.marks_expired), (7, 0));
+    assert_eq!(secret_of(dir.path()), (secret.clone(), fp.clone()));
+    // Twice: the same state, the same file.
+    import_text(&store, &file, &into_dir(dir.path(), None))
+        .await
+        .unwrap();
+    assert_eq!(export_marked(&store, Some(&fp), rules()).await, file);
+    drop(store);
+    app.stop().await;
+
+    // A gateway over the imported store knows every actor already.
+    let app = TestApp::start_in_dir(Arc::new(dir), common::Options::default()).await;
+    let like = |who: &str| json!({"actor": who, "unique": "ever"});
+    let r = app
+        .increment("ARTICLE", "like", "a1", like("alice@example.org"))
+        .await;
+    assert_eq!(
+        (&r.json["counted"], &r.json["value"]),
+        (&json!(false), &json!(2)),
+        "{}",
+        r.text
+    );
+    let r = app.increment("ARTICLE", "like", "a1", like("carol")).await;
+    assert_eq!(
+        (&r.json["counted"], &r.json["value"]),
+        (&json!(true), &json!(3)),
+        "{}",
+        r.text
+    );
+    let r = app
+        .post(
+            "/v1/events",
+            json!({"events": [
+                {"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "actor": "visitor-1", "unique": "day"},
+                {"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "actor": "visitor-4", "unique": "day"},
+            ]}),
+        )
+        .await;
+    assert_eq!(
+        r.json,
+        json!({"accepted": 1, "duplicates": 0, "repeats": 1}),
+        "{}",
+        r.text
+    );
+    app.stop().await;
+}
+
+/// A view mark of a day the retention no longer keeps is not exported, and
+/// is left out (counted) by an import: the store would delete it, and no
+/// event of that day is accepted. A file exported one day imports the next.
+#[tokio::test]
+async fn a_mark_past_the_retention_is_neither_exported_nor_imported() {
+    let app = TestApp::start().await;
+    liked_and_viewed(&app).await;
+    let (_, fp) = secret_of(app.data_dir());
+    let now = export_marked(&*app.state.store, Some(&fp), rules()).await;
+    let old_mark = format!(r#""scope":"day","day":"{}""#, day(399));
+    assert!(now.contains(&old_mark), "{now}");
+    // Two days later the view of 399 days ago is past the 400 days kept.
+    let later = format::Rules {
+        now: test_now() + Days::days(2),
+        policy: TimePolicy::default(),
+    };
+    let then = export_marked(&*app.state.store, Some(&fp), later).await;
+    assert!(!then.contains(&old_mark), "{then}");
+    assert_eq!(then.lines().count(), now.lines().count() - 1);
+    let (dir, store) = empty_store();
+    let done = import::read_all(
+        &*store,
+        now.as_bytes(),
+        &later,
+        &into_dir(dir.path(), None),
+        &hidden(),
+    )
+    .await
+    .unwrap_err();
+    assert!(done.contains("actor-secret"), "{done}");
+    let (secret, _) = secret_of(app.data_dir());
+    let done = import::read_all(
+        &*store,
+        now.as_bytes(),
+        &later,
+        &into_dir(dir.path(), Some(&secret)),
+        &hidden(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((done.marks, done.marks_expired), (6, 1));
+    let kept = store.mark_page(None, 100, 0).await.unwrap();
+    assert_eq!(kept.len(), 6);
+    assert!(kept.iter().all(|m| m.day != Some(day_of(test_now()) - 399)));
+    app.stop().await;
+}
+
+/// A file whose marks were keyed with another secret than the store's is
+/// refused at its `actor_secret` line, before anything is applied; with
+/// `--skip-marks` it imports without them. Marks without a fingerprint
+/// import (with a warning); a fingerprint after the marks is refused.
+#[tokio::test]
+async fn a_file_of_marks_keyed_with_another_secret_is_refused_before_anything_is_applied() {
+    let theirs = counter_gateway::domain::ActorKey::new(b"the other store's secret").unwrap();
+    let their_fp = theirs.fingerprint().unwrap();
+    let key = CounterKey::new("E", "A", "u").unwrap();
+    let mark = format::mark_line(&counter_gateway::store::ActorMark {
+        key: key.clone(),
+        mark: theirs.mark(&key, "alice").unwrap(),
+        day: None,
+        state: counter_gateway::store::MarkState::Counted,
+    });
+    let counter = format!(
+        "{}\n",
+        json!({"kind": "counter", "entity": "E", "action": "A", "uuid": "u", "value": 1})
+    );
+    let file = format!(
+        "{}{}{counter}{mark}",
+        format::header_line(),
+        format::actor_secret_line(&their_fp)
+    );
+    let (dir, store) = empty_store();
+    let ours = "this store's own secret, not theirs";
+    assert!(counter_gateway::actors::keep_embedded_secret(dir.path(), ours).unwrap());
+    let our_fp = counter_gateway::domain::ActorKey::new(ours.as_bytes())
+        .unwrap()
+        .fingerprint()
+        .unwrap();
+    let e = import_text(&*store, &file, &into_dir(dir.path(), None))
+        .await
+        .unwrap_err();
+    assert!(e.starts_with("line 2: "), "{e}");
+    assert!(
+        e.contains(&their_fp) && e.contains(&our_fp) && e.contains("--skip-marks"),
+        "{e}"
+    );
+    assert_eq!(value(&*store, "u").await, None);
+    let e = import_text(
+        &*store,
+        &file,
+        &into_dir(dir.path(), Some("yet another secret, given")),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.contains("--actor-secret has fingerprint"), "{e}");
+    // Without the marks.
+    let skip = import::Options {
+        skip_marks: true,
+        ..into_dir(dir.path(), None)
+    };
+    let done = import_text(&*store, &file, &skip).await.unwrap();
+    assert_eq!((done.counters, done.marks, done.marks_skipped), (1, 0, 1));
+    assert!(store.mark_page(None, 10, 0).await.unwrap().is_empty());
+    // The secret they were made with, given (a gateway run with it uses it).
+    let done = import_text(
+        &*store,
+        &file,
+        &into_dir(dir.path(), Some("the other store's secret")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.marks, 1);
+    assert_eq!(
+        secret_of(dir.path()).1,
+        our_fp,
+        "the store's own file is left alone"
+    );
+    // No fingerprint: imported as they are.
+    let bare = format!("{}{counter}{mark}", format::header_line());
+    let (dir2, store2) = empty_store();
+    let done = import_text(&*store2, &bare, &into_dir(dir2.path(), None))
+        .await
+        .unwrap();
+    assert_eq!(done.marks, 1);
+    // A fingerprint after the marks it should name.
+    let late = format!("{bare}{}", format::actor_secret_line(&their_fp));
+    let e = import_text(&*store2, &late, &into_dir(dir2.path(), None))
+        .await
+        .unwrap_err();
+    assert!(
+        e.starts_with("line 4: ") && e.contains("before them"),
+        "{e}"
+    );
+}
+
+/// A store whose marks were made before the table naming their counters
+/// existed (an earlier version) gets it filled at open: its marks export.
+#[tokio::test]
+async fn marks_of_an_earlier_version_are_named_at_open_and_exported() {
+    let app = TestApp::start().await;
+    liked_and_viewed(&app).await;
+    let (_, fp) = secret_of(app.data_dir());
+    let before = export_marked(&*app.state.store, Some(&fp), rules()).await;
+    let (dir, _) = app.stop().await;
+    let db = rusqlite::Connection::open(dir.path().join("counters.sqlite3")).unwrap();
+    assert!(db.execute("DELETE FROM actor_mark_keys", []).unwrap() >= 2);
+    drop(db);
+    let store = open_store(dir.path());
+    assert_eq!(export_marked(&store, Some(&fp), rules()).await, before);
+}
+
+/// The command line carries marks and their secret: `export` names the
+/// data directory's secret by its fingerprint; `import` into a data
+/// directory without one refuses the marks unless given the secret (then
+/// keeps it for the gateway), or imports without them with `--skip-marks`.
+/// Dates are fixed in the past (the binary runs on the system clock).
+#[test]
+fn the_commands_carry_marks_and_name_their_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let (from, to, bare) = (
+        dir.path().join("from"),
+        dir.path().join("to"),
+        dir.path().join("bare"),
+    );
+    std::fs::create_dir_all(&from).unwrap();
+    let secret = "the secret of the data directory `from`";
+    assert!(counter_gateway::actors::keep_embedded_secret(&from, secret).unwrap());
+    let key = counter_gateway::domain::ActorKey::new(secret.as_bytes()).unwrap();
+    let fp = key.fingerprint().unwrap();
+    let like = CounterKey::new("E", "like", "a").unwrap();
+    let mut text = format::header_line();
+    text.push_str(
+        r#"{"kind":"counter","entity":"E","action":"like","uuid":"a","value":1,"before":1,"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{}}"#,
+    );
+    text.push('\n');
+    text.push_str(&format::mark_line(&counter_gateway::store::ActorMark {
+        key: like.clone(),
+        mark: key.mark(&like, "alice").unwrap(),
+        day: None,
+        state: counter_gateway::store::MarkState::Counted,
+    }));
+    let input = dir.path().join("in.ndjson");
+    std::fs::write(&input, &text).unwrap();
+    let bin = env!("CARGO_BIN_EXE_counter-gateway");
+    let run = |args: &[&str], secret: Option<&str>| {
+        let mut c = std::process::Command::new(bin);
+        c.args(args)
+            .env_remove("COUNTER_GATEWAY_ELASTICSEARCH_URL")
+            .env_remove("COUNTER_GATEWAY_ACTOR_SECRET")
+            .env_remove("COUNTER_GATEWAY_SKIP_MARKS");
+        if let Some(s) = secret {
+            c.env("COUNTER_GATEWAY_ACTOR_SECRET", s);
+        }
+        c.output().unwrap()
+    };
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let out = run(
+        &[
+            "import",
+            "--data-dir",
+            &path(&from),
+            "--input",
+            &path(&input),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["export", "--data-dir", &path(&from)], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exported = String::from_utf8(out.stdout).unwrap();
+    let want = format!(
+        "{}{}{}",
+        format::header_line(),
+        format::actor_secret_line(&fp),
+        &text[format::header_line().len()..]
+    );
+    assert_eq!(exported, want);
+    let file = dir.path().join("out.ndjson");
+    std::fs::write(&file, &exported).unwrap();
+
+    // A data directory without a secret: refused, then taken with it.
+    let import_to = |d: &std::path::Path, extra: &[&str], secret: Option<&str>| {
+        let mut args = vec![
+            "import".to_string(),
+            "--data-dir".into(),
+            path(d),
+            "--input".into(),
+            path(&file),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run(&args, secret);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stderr) = import_to(&to, &[], None);
+    assert!(
+        !ok && stderr.contains("line 2:") && stderr.contains("--actor-secret"),
+        "{stderr}"
+    );
+    let (ok, stderr) = import_to(&to, &[], Some(secret));
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("1 marks of actors") && stderr.contains("kept the actor secret"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(to.join("actor-secret")).unwrap(),
+        secret
+    );
+    // Another secret given: refused, naming both fingerprints.
+    let (ok, stderr) = import_to(&to, &[], Some("some other secret, not the one"));
+    assert!(!ok && stderr.contains(&fp), "{stderr}");
+    // Without the marks.
+    let (ok, stderr) = import_to(&bare, &["--skip-marks"], None);
+    assert!(
+        ok && stderr.contains("1 marks left out (--skip-marks)"),
+        "{stderr}"
+    );
+    assert!(!bare.join("actor-secret").exists());
 }

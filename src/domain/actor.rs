@@ -57,13 +57,35 @@ pub struct Mark(pub [u8; 16]);
 impl Mark {
     /// Lower-case hex, 32 characters (document ids on Elasticsearch).
     pub fn hex(&self) -> String {
-        use std::fmt::Write as _;
-        let mut s = String::with_capacity(32);
-        for b in self.0 {
-            let _ = write!(s, "{b:02x}");
-        }
-        s
+        to_hex(&self.0)
     }
+
+    /// A mark from its [`Mark::hex`] form: exactly 32 lower-case hex
+    /// digits (what `export` writes), so one mark has one spelling.
+    pub fn from_hex(text: &str) -> Option<Mark> {
+        if text.len() != 32
+            || !text
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Mark(out))
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn to_hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
 }
 
 /// What an event with `unique` asks of the store: count it only if this
@@ -93,6 +115,14 @@ impl std::fmt::Debug for ActorKey {
 /// Keeps the marks of one version apart from any other use of the secret.
 const MARK_CONTEXT: &[u8] = b"counter-gateway actor mark v1\0";
 
+/// What a secret's fingerprint is the HMAC of: a use of its own, so the
+/// fingerprint is no mark of any actor on any counter.
+const FINGERPRINT_CONTEXT: &[u8] = b"counter-gateway actor secret fingerprint v1\0";
+
+/// Hex digits of a fingerprint: 64 bits, enough to tell two secrets apart
+/// (by accident they agree once in 2^64), too few to stand for the secret.
+pub const FINGERPRINT_HEX: usize = 16;
+
 impl ActorKey {
     /// A key from `secret`, which must hold at least
     /// [`MIN_ACTOR_SECRET_BYTES`] bytes.
@@ -116,6 +146,19 @@ impl ActorKey {
 
     pub fn is_set(&self) -> bool {
         self.0.is_some()
+    }
+
+    /// What names the secret without giving it away: 16 hex digits of
+    /// HMAC-SHA256 keyed with it over a fixed text; `None` without a secret.
+    /// Written where marks travel (`export`) and recorded where they land
+    /// (Elasticsearch), so that marks are never mixed with, or read under,
+    /// another secret unnoticed. Like every mark, it lets one test a guess
+    /// of the secret offline: secrets are random (the generated one is 32
+    /// random bytes), never a word.
+    pub fn fingerprint(&self) -> Option<String> {
+        let k = self.0.as_ref()?;
+        let tag = ring::hmac::sign(k, FINGERPRINT_CONTEXT);
+        Some(to_hex(&tag.as_ref()[..FINGERPRINT_HEX / 2]))
     }
 
     /// The mark of `actor` on `key`; `None` without a secret.
@@ -173,6 +216,33 @@ mod tests {
         assert!(ActorKey::none().mark(&key("a1"), "alice").is_none());
         assert!(ActorKey::new(b"short").unwrap_err().contains("16"));
         assert_eq!(format!("{a:?}"), "ActorKey(set)");
+        assert_eq!(Mark::from_hex(&m.hex()), Some(m));
+        for bad in [
+            "",
+            "0123",
+            &m.hex().to_uppercase(),
+            &format!("{}0", m.hex()),
+            &"g".repeat(32),
+        ] {
+            assert_eq!(Mark::from_hex(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_fingerprint_tells_secrets_apart_and_is_no_mark() {
+        let a = ActorKey::new(b"0123456789abcdef").unwrap();
+        let fp = a.fingerprint().unwrap();
+        assert_eq!(fp.len(), FINGERPRINT_HEX);
+        assert_eq!(
+            Some(fp.clone()),
+            ActorKey::new(b"0123456789abcdef").unwrap().fingerprint()
+        );
+        assert_ne!(
+            Some(fp.clone()),
+            ActorKey::new(b"0123456789abcdeg").unwrap().fingerprint()
+        );
+        assert!(!fp.contains("0123456789abcdef"));
+        assert_eq!(ActorKey::none().fingerprint(), None);
     }
 
     #[test]

@@ -13,7 +13,8 @@ mod time;
 mod window;
 
 pub use actor::{
-    validate_actor, ActorKey, Mark, Scope, Unique, MAX_ACTOR_BYTES, MIN_ACTOR_SECRET_BYTES,
+    to_hex, validate_actor, ActorKey, Mark, Scope, Unique, FINGERPRINT_HEX, MAX_ACTOR_BYTES,
+    MIN_ACTOR_SECRET_BYTES,
 };
 pub use average::SampleSpec;
 pub use backfill::{parse_day, DaySet, DaySetSpec};

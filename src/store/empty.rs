@@ -9,9 +9,9 @@
 use async_trait::async_trait;
 
 use super::{
-    Average, AverageHistory, BatchOutcome, Bucket, CounterHistory, DaysOutcome, ImportBatch,
-    ImportOutcome, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery, TopList, TopQuery,
-    UnusedPair, WriteBatch,
+    ActorMark, Average, AverageHistory, BatchOutcome, Bucket, CounterHistory, DaysOutcome,
+    ImportBatch, ImportOutcome, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
+    TopList, TopQuery, UnusedPair, WriteBatch,
 };
 use crate::domain::{Counter, CounterKey, DaySet, Window};
 
@@ -118,6 +118,15 @@ impl Store for EmptyStore {
         _limit: usize,
         _from_day: i64,
     ) -> Result<Vec<AverageHistory>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn mark_page(
+        &self,
+        _after: Option<ActorMark>,
+        _limit: usize,
+        _from_day: i64,
+    ) -> Result<Vec<ActorMark>, StoreError> {
         Ok(Vec::new())
     }
 

@@ -1,9 +1,10 @@
 //! What `export` reads out of a store and `import` sets in one: whole
-//! counters and averages with their day buckets. The file format around
-//! them is `crate::transfer`'s; here is only what a store must answer and
-//! apply (the `Store` methods `counter_page`, `average_page` and `import`).
+//! counters and averages with their day buckets, and the marks of actors
+//! (once per actor). The file format around them is `crate::transfer`'s;
+//! here is only what a store must answer and apply (the `Store` methods
+//! `counter_page`, `average_page`, `mark_page` and `import`).
 
-use crate::domain::{Counter, CounterKey, DaySet};
+use crate::domain::{Counter, CounterKey, DaySet, Mark};
 
 use super::Bucket;
 
@@ -72,6 +73,60 @@ pub struct AverageImport {
     pub recorded_ms: i64,
 }
 
+/// What a mark says of its actor, as far as counting goes. A mark that
+/// says the actor does not count (on Elasticsearch, a mark document kept
+/// `off` only for the event ids it remembers) is not exported: it is what
+/// no mark at all means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MarkState {
+    /// The actor is counted: a like that stands, a view of that day.
+    Counted,
+    /// (Elasticsearch, likes only.) An unlike is being taken back: its
+    /// decrement is on its way, or the flush sending it died at `since_ms`.
+    /// Read as counted once the stale retraction's 10 minutes have passed
+    /// (`elasticsearch/marks.rs`); the embedded store, which has no such
+    /// state, keeps it as counted.
+    Retracting { since_ms: i64 },
+}
+
+/// One actor's mark on one counter: the keyed hash of the actor (never the
+/// actor), the counter, and its scope: for good (`day: None`, a like) or
+/// for one UTC day (a view).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ActorMark {
+    pub key: CounterKey,
+    pub mark: Mark,
+    /// `None`: an `ever` mark; else the UTC day (days since the epoch) of a
+    /// `day` mark.
+    pub day: Option<i64>,
+    pub state: MarkState,
+}
+
+impl ActorMark {
+    /// The first 16 bytes of SHA-256 of the counter's document id: the
+    /// counter part of where both stores keep and order marks (the embedded
+    /// store's `ckey`, Elasticsearch's `counter_hash`).
+    pub fn counter_hash(key: &CounterKey) -> [u8; 16] {
+        ActorMark::counter_hash_of_id(&key.doc_id())
+    }
+
+    /// [`ActorMark::counter_hash`] of a counter's document id.
+    pub fn counter_hash_of_id(doc_id: &str) -> [u8; 16] {
+        let d = ring::digest::digest(&ring::digest::SHA256, doc_id.as_bytes());
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&d.as_ref()[..16]);
+        out
+    }
+
+    /// Where this mark is in the order of `Store::mark_page`: `ever` marks
+    /// first, by counter hash then mark; then `day` marks by day, counter
+    /// hash and mark. Both stores list marks in this order, so their
+    /// exports of the same marks are the same lines.
+    pub fn order(&self) -> (Option<i64>, [u8; 16], [u8; 16]) {
+        (self.day, ActorMark::counter_hash(&self.key), self.mark.0)
+    }
+}
+
 /// One batch of an import, applied as a whole where the store can (one
 /// transaction on the embedded store). No counter or average appears twice,
 /// and no (counter, day) is both in a counter's days and among `days`.
@@ -82,13 +137,19 @@ pub struct ImportBatch {
     /// Single days set as a backfill sets them (`Store::set_days`): the
     /// counter moves by the difference.
     pub days: Vec<DaySet>,
+    /// Marks set to their state (a mark not named is kept as it is). None
+    /// twice; none of a day before `oldest_day`.
+    pub marks: Vec<ActorMark>,
     /// The oldest day the retention keeps (days since the epoch).
     pub oldest_day: i64,
 }
 
 impl ImportBatch {
     pub fn is_empty(&self) -> bool {
-        self.counters.is_empty() && self.averages.is_empty() && self.days.is_empty()
+        self.counters.is_empty()
+            && self.averages.is_empty()
+            && self.days.is_empty()
+            && self.marks.is_empty()
     }
 }
 

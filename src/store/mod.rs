@@ -15,8 +15,8 @@ use async_trait::async_trait;
 
 use crate::domain::{Counter, CounterKey, DaySet, Increment, Window};
 pub use history::{
-    AverageBucket, AverageHistory, AverageImport, CounterHistory, CounterImport, ImportBatch,
-    ImportEntry, ImportOutcome,
+    ActorMark, AverageBucket, AverageHistory, AverageImport, CounterHistory, CounterImport,
+    ImportBatch, ImportEntry, ImportOutcome, MarkState,
 };
 pub use query::{
     Average, AverageEntry, StaleQuery, TopAverages, TopAveragesQuery, TopEntry, TopList, TopQuery,
@@ -188,6 +188,18 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
         from_day: i64,
     ) -> Result<Vec<AverageHistory>, StoreError>;
+    /// Export: up to `limit` marks of actors after `after` (exclusive), in
+    /// the order of [`ActorMark::order`] (`ever` marks, then `day` marks
+    /// from `from_day` on), whose state counts the actor (see
+    /// [`MarkState`]). A page shorter than `limit` is the last. Each page
+    /// is read from one snapshot on the embedded store; on Elasticsearch
+    /// the first page refreshes the tenant's indices.
+    async fn mark_page(
+        &self,
+        after: Option<ActorMark>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<ActorMark>, StoreError>;
     /// Import: sets what the batch names (see [`CounterImport`]), durably
     /// when it returns `Applied`; nothing of it on `Overflow`. Setting the
     /// same batch again leaves the same state, so a batch whose outcome is

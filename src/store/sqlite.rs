@@ -26,9 +26,9 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
-    Average, AverageHistory, BatchOutcome, BlockingWrites, Bucket, CounterHistory, DaysOutcome,
-    ImportBatch, ImportOutcome, RequestOutcome, StaleQuery, Store, StoreError, TopAverages,
-    TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
+    ActorMark, Average, AverageHistory, BatchOutcome, BlockingWrites, Bucket, CounterHistory,
+    DaysOutcome, ImportBatch, ImportOutcome, RequestOutcome, StaleQuery, Store, StoreError,
+    TopAverages, TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
 };
 use crate::domain::Coalesced;
 use crate::domain::{Clock, Counter, CounterKey, DaySet, Increment, Window};
@@ -780,6 +780,10 @@ impl SqliteStore {
         tx.execute_batch(queries::SCHEMA_V2).map_err(internal)?;
         tx.execute_batch(rollup::SCHEMA_V3).map_err(internal)?;
         tx.execute_batch(marks::SCHEMA).map_err(internal)?;
+        let named = marks::backfill_keys(&tx)?;
+        if named > 0 {
+            tracing::info!(counters = named, path = %path.display(), "named the counters of actor marks made by an earlier version");
+        }
         tx.commit().map_err(internal)?;
         let hot = hot::Shared::default();
         let mut writer = Writer {
@@ -1417,6 +1421,18 @@ impl Store for SqliteStore {
         from_day: i64,
     ) -> Result<Vec<AverageHistory>, StoreError> {
         self.with_reader(move |c| transfer::average_page(c, after.as_ref(), limit, from_day))
+            .await
+    }
+
+    async fn mark_page(
+        &self,
+        after: Option<ActorMark>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<ActorMark>, StoreError> {
+        // Marks are written in the flush's own transaction, never logged:
+        // nothing to fold first.
+        self.with_reader(move |c| marks::page(c, after.as_ref(), limit, from_day))
             .await
     }
 

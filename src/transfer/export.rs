@@ -1,16 +1,19 @@
 //! `export`: a tenant's counters, then its averages, each with its day
-//! buckets, written as NDJSON in key order, a page at a time (memory holds
-//! one page, whatever the store's size).
+//! buckets, then the marks of its actors, written as NDJSON in key order, a
+//! page at a time (memory holds one page, whatever the store's size).
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::format;
 use crate::domain::CounterKey;
-use crate::store::Store;
+use crate::store::{ActorMark, Store};
 
 /// Counters (or averages) read per page. A page holds each one's days too
 /// (up to the retention's 400), so this bounds memory to some 10 MB.
 pub const PAGE: usize = 500;
+
+/// Marks read per page: some 150 bytes each.
+pub const MARK_PAGE: usize = 5_000;
 
 /// What an export wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -19,29 +22,77 @@ pub struct Exported {
     pub averages: u64,
     /// Day buckets of counters and of averages.
     pub days: u64,
+    /// Marks of actors.
+    pub marks: u64,
+    /// The `actor_secret` line was written (the file holds marks, and
+    /// their secret's fingerprint was known).
+    pub fingerprint: bool,
 }
 
 impl Exported {
     /// Lines written, the header included.
     pub fn lines(&self) -> u64 {
-        1 + self.counters + self.averages
+        1 + u64::from(self.fingerprint) + self.counters + self.averages + self.marks
     }
 }
 
-/// Writes the header and every counter and average of `store` with its
-/// days from `from_day` on (older days count in each record's `before`).
-/// `progress` is told each record written.
+/// What an export writes.
+#[derive(Clone, Debug)]
+pub struct Export {
+    /// Days from this one on are listed; older ones count in `before`, and
+    /// older `day` marks are left out.
+    pub from_day: i64,
+    /// The marks of actors too.
+    pub marks: bool,
+    /// The fingerprint of the secret the store's marks are keyed with,
+    /// when known: written after the header if there are marks.
+    pub fingerprint: Option<String>,
+}
+
+/// Writes the header and every counter, average and mark of `store`, with
+/// days from `from_day` on (older days count in each record's `before`),
+/// naming no secret: [`write`] with marks and no fingerprint.
 pub async fn write_all<W: AsyncWrite + Unpin>(
     store: &dyn Store,
     out: &mut W,
     from_day: i64,
     progress: &indicatif::ProgressBar,
 ) -> Result<Exported, String> {
+    let what = Export {
+        from_day,
+        marks: true,
+        fingerprint: None,
+    };
+    write(store, out, &what, progress).await
+}
+
+/// Writes the header, the secret's line when there are marks and a
+/// fingerprint, then every counter, average and (unless left out) mark of
+/// `store`. `progress` is told each record written.
+pub async fn write<W: AsyncWrite + Unpin>(
+    store: &dyn Store,
+    out: &mut W,
+    what: &Export,
+    progress: &indicatif::ProgressBar,
+) -> Result<Exported, String> {
     let io = |e: std::io::Error| format!("writing the export failed: {e}");
+    let from_day = what.from_day;
     let mut done = Exported::default();
     out.write_all(format::header_line().as_bytes())
         .await
         .map_err(io)?;
+    if let (true, Some(fp)) = (what.marks, &what.fingerprint) {
+        let any = store
+            .mark_page(None, 1, from_day)
+            .await
+            .map_err(|e| format!("reading marks failed: {e}"))?;
+        if !any.is_empty() {
+            out.write_all(format::actor_secret_line(fp).as_bytes())
+                .await
+                .map_err(io)?;
+            done.fingerprint = true;
+        }
+    }
     let mut after: Option<CounterKey> = None;
     loop {
         let page = store
@@ -79,6 +130,26 @@ pub async fn write_all<W: AsyncWrite + Unpin>(
             break;
         }
         after = page.last().map(|a| a.key.clone());
+    }
+    let mut after: Option<ActorMark> = None;
+    if what.marks {
+        loop {
+            let page = store
+                .mark_page(after.take(), MARK_PAGE, from_day)
+                .await
+                .map_err(|e| format!("reading marks failed: {e}"))?;
+            let mut text = String::with_capacity(page.len() * 160);
+            for m in &page {
+                text.push_str(&format::mark_line(m));
+            }
+            done.marks += page.len() as u64;
+            out.write_all(text.as_bytes()).await.map_err(io)?;
+            progress.inc(page.len() as u64);
+            if page.len() < MARK_PAGE {
+                break;
+            }
+            after = page.last().cloned();
+        }
     }
     out.flush().await.map_err(io)?;
     Ok(done)

@@ -1,15 +1,24 @@
-//! The NDJSON format of `export` and `import`, version 1: one JSON object a
+//! The NDJSON format of `export` and `import`, version 2: one JSON object a
 //! line, its kind in `kind`; the first line is the header. What each record
 //! means when imported is in the README ("Export and import"); this file
 //! writes records and turns a line into what a store sets, or into the
 //! reason it is refused.
 //!
 //! ```text
-//! {"kind":"header","format":"counter-gateway","version":1}
+//! {"kind":"header","format":"counter-gateway","version":2}
+//! {"kind":"actor_secret","fingerprint":"3f2a9c0e1b7d4a55"}
 //! {"kind":"counter","entity":"ARTICLE","action":"VIEW","uuid":"a1","value":1023,"before":23,"category":"news","first_timestamp":"...","recorded_timestamp":"...","days":{"2026-11-02":120,...}}
 //! {"kind":"average","entity":"ARTICLE","action":"rating","uuid":"a1","sum":40,"quantity":10,"before_sum":0,"before_quantity":0,...,"days":{"2026-11-02":{"sum":9,"quantity":2}}}
 //! {"kind":"day","entity":"ARTICLE","action":"VIEW","uuid":"a2","day":"2026-11-03","value":8,"category":"news"}
+//! {"kind":"mark","entity":"ARTICLE","action":"like","uuid":"a1","scope":"ever","mark":"<32 hex>","state":"counted"}
+//! {"kind":"mark","entity":"ARTICLE","action":"VIEW","uuid":"a1","scope":"day","day":"2026-11-30","mark":"<32 hex>","state":"counted"}
 //! ```
+//!
+//! Version 2 added `mark` and `actor_secret` records; a version 1 file is
+//! read as it was (it has neither). Version 1 readers refuse a version 2
+//! file at its header, naming the version, rather than stopping at its
+//! first mark with the file half imported: the header holds nothing else a
+//! version 1 reader does not know.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -21,20 +30,65 @@ use serde_json::Value;
 
 use crate::domain::{
     day_of, format_day, format_ms, parse_day, validate_name, CounterKey, DaySet, DaySetSpec,
-    Interner, TimePolicy,
+    Interner, Mark, TimePolicy, FINGERPRINT_HEX,
 };
 use crate::store::{
-    AverageBucket, AverageHistory, AverageImport, Bucket, CounterHistory, CounterImport,
+    ActorMark, AverageBucket, AverageHistory, AverageImport, Bucket, CounterHistory, CounterImport,
+    MarkState,
 };
 
 /// The `format` of the header line.
 pub const FORMAT: &str = "counter-gateway";
-/// The version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The version this build writes.
+pub const VERSION: u32 = 2;
+
+/// The versions this build reads.
+pub const READS: [u32; 2] = [1, 2];
 
 /// The header line, with its newline.
 pub fn header_line() -> String {
     format!("{{\"kind\":\"header\",\"format\":\"{FORMAT}\",\"version\":{VERSION}}}\n")
+}
+
+/// The line naming, by its fingerprint (`ActorKey::fingerprint`), the
+/// secret the file's marks were keyed with; written after the header when
+/// the file holds marks and the exporting side knows its secret.
+pub fn actor_secret_line(fingerprint: &str) -> String {
+    format!("{{\"kind\":\"actor_secret\",\"fingerprint\":\"{fingerprint}\"}}\n")
+}
+
+#[derive(Serialize)]
+struct MarkOut<'a> {
+    kind: &'static str,
+    entity: &'a str,
+    action: &'a str,
+    uuid: &'a str,
+    scope: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    day: Option<String>,
+    mark: String,
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since: Option<String>,
+}
+
+/// The line of an actor's mark (with its newline).
+pub fn mark_line(m: &ActorMark) -> String {
+    let (state, since) = match m.state {
+        MarkState::Counted => ("counted", None),
+        MarkState::Retracting { since_ms } => ("retracting", Some(format_ms(since_ms))),
+    };
+    line(&MarkOut {
+        kind: "mark",
+        entity: &m.key.entity,
+        action: &m.key.action,
+        uuid: &m.key.uuid,
+        scope: if m.day.is_some() { "day" } else { "ever" },
+        day: m.day.map(format_day),
+        mark: m.mark.hex(),
+        state,
+        since,
+    })
 }
 
 /// Day buckets written as an object `{"YYYY-MM-DD": v, ...}` in day order.
@@ -204,6 +258,11 @@ struct Fields {
     recorded_timestamp: Option<String>,
     day: Option<String>,
     days: Option<DaysIn>,
+    scope: Option<String>,
+    mark: Option<String>,
+    state: Option<String>,
+    since: Option<String>,
+    fingerprint: Option<String>,
 }
 
 impl Fields {
@@ -226,6 +285,11 @@ impl Fields {
             ("recorded_timestamp", self.recorded_timestamp.is_some()),
             ("day", self.day.is_some()),
             ("days", self.days.is_some()),
+            ("scope", self.scope.is_some()),
+            ("mark", self.mark.is_some()),
+            ("state", self.state.is_some()),
+            ("since", self.since.is_some()),
+            ("fingerprint", self.fingerprint.is_some()),
         ];
         match given
             .iter()
@@ -243,10 +307,18 @@ impl Fields {
 /// A line turned into what a store sets.
 #[derive(Debug, PartialEq)]
 pub enum Record {
-    Header,
+    /// The first line, with the file's version.
+    Header(u32),
+    /// The fingerprint of the secret the file's marks were keyed with.
+    ActorSecret(String),
     Counter(CounterImport),
     Average(AverageImport),
     Day(DaySet),
+    Mark(ActorMark),
+    /// A `day` mark of a day past the retention: left out (the store would
+    /// delete it, and no event of that day is accepted any more), so that a
+    /// file exported yesterday still imports today.
+    ExpiredMark,
 }
 
 /// What a line is checked against: the clock and the time rules.
@@ -292,8 +364,10 @@ pub fn parse(line: &str, rules: &Rules) -> Result<Record, String> {
         "counter" => counter(fields, rules).map(Record::Counter),
         "average" => average(fields, rules).map(Record::Average),
         "day" => day(&fields, rules).map(Record::Day),
+        "mark" => mark(&fields, rules),
+        "actor_secret" => actor_secret(&fields),
         other => Err(format!(
-            "unknown record kind {:?}: expected header, counter, average or day",
+            "unknown record kind {:?}: expected header, actor_secret, counter, average, day or mark",
             other.chars().take(40).collect::<String>()
         )),
     }
@@ -308,14 +382,102 @@ fn header(f: &Fields) -> Result<Record, String> {
         ));
     }
     match f.version.as_ref().and_then(Value::as_u64) {
-        Some(v) if v == u64::from(VERSION) => Ok(Record::Header),
+        Some(v) if READS.iter().any(|&r| u64::from(r) == v) => Ok(Record::Header(v as u32)),
         _ => Err(format!(
-            "the header's version is {}; this build reads version {VERSION}",
+            "the header's version is {}; this build reads versions 1 and {VERSION}",
             f.version
                 .as_ref()
                 .map_or("missing".into(), Value::to_string)
         )),
     }
+}
+
+fn actor_secret(f: &Fields) -> Result<Record, String> {
+    f.only(&["fingerprint"])?;
+    let fp = f
+        .fingerprint
+        .as_deref()
+        .ok_or("missing field `fingerprint`")?;
+    if fp.len() != FINGERPRINT_HEX || !fp.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return Err(format!(
+            "fingerprint must be {FINGERPRINT_HEX} lower-case hex digits (as export writes it), not {fp:?}"
+        ));
+    }
+    Ok(Record::ActorSecret(fp.to_string()))
+}
+
+/// A mark: `ever` (no day; `counted`, or `retracting` since a time) or
+/// `day` (its day; `counted`). A day past the retention is left out, a day
+/// ahead of the clock refused.
+fn mark(f: &Fields, rules: &Rules) -> Result<Record, String> {
+    f.only(&[
+        "entity", "action", "uuid", "scope", "day", "mark", "state", "since",
+    ])?;
+    let key = key(f)?;
+    let raw = f.mark.as_deref().ok_or("missing field `mark`")?;
+    let mark = Mark::from_hex(raw).ok_or_else(|| {
+        format!("mark must be 32 lower-case hex digits (the keyed hash export writes), not {raw:?}")
+    })?;
+    let day = match (f.scope.as_deref(), f.day.as_deref()) {
+        (Some("ever"), None) => None,
+        (Some("ever"), Some(_)) => {
+            return Err("field `day` is not part of an `ever` mark (a like is for good)".into())
+        }
+        (Some("day"), Some(raw)) => {
+            let day = parse_day(raw).map_err(|e| format!("day: {e}"))?;
+            if day > rules.newest_day() {
+                return Err(format!(
+                    "day {raw} is in the future (today is {} UTC)",
+                    format_day(day_of(rules.now))
+                ));
+            }
+            if day < rules.oldest_day() {
+                return Ok(Record::ExpiredMark);
+            }
+            Some(day)
+        }
+        (Some("day"), None) => {
+            return Err("missing field `day` (a `day` mark is for one day)".into())
+        }
+        (Some(other), _) => {
+            return Err(format!(
+                "scope must be \"ever\" (a like) or \"day\" (a view), not {other:?}"
+            ))
+        }
+        (None, _) => return Err("missing field `scope`".into()),
+    };
+    let state = match (f.state.as_deref(), &f.since) {
+        (None | Some("counted"), None) => MarkState::Counted,
+        (None | Some("counted"), Some(_)) => {
+            return Err("field `since` belongs to a `retracting` mark only".into())
+        }
+        (Some("retracting"), _) if day.is_some() => {
+            return Err("a `day` mark is never `retracting` (a view is not taken back)".into())
+        }
+        (Some("retracting"), Some(since)) => {
+            let ms = DateTime::parse_from_rfc3339(since)
+                .map_err(|e| format!("since is not an RFC 3339 timestamp ({e}): {since:?}"))?
+                .timestamp_millis();
+            if ms > rules.latest_ms() {
+                return Err(format!("since {since} is in the future"));
+            }
+            MarkState::Retracting { since_ms: ms }
+        }
+        (Some("retracting"), None) => {
+            return Err("missing field `since` (when the retraction began)".into())
+        }
+        (Some(other), _) => {
+            return Err(format!(
+                "state must be \"counted\" or \"retracting\", not {other:?}"
+            ))
+        }
+    };
+    Ok(Record::Mark(ActorMark {
+        key,
+        mark,
+        day,
+        state,
+    }))
 }
 
 fn key(f: &Fields) -> Result<CounterKey, String> {
@@ -592,11 +754,19 @@ mod tests {
         assert_eq!(c.category.as_deref(), Some("news"));
         assert_eq!(
             header_line(),
-            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":1}\n"
+            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":2}\n"
         );
         assert_eq!(
             parse(header_line().trim_end(), &rules()),
-            Ok(Record::Header)
+            Ok(Record::Header(2))
+        );
+        // Version 1 files (no marks) are read as they were.
+        assert_eq!(
+            parse(
+                r#"{"kind":"header","format":"counter-gateway","version":1}"#,
+                &rules()
+            ),
+            Ok(Record::Header(1))
         );
     }
 
@@ -692,8 +862,8 @@ mod tests {
                 "quantity",
             ),
             (
-                r#"{"kind":"header","format":"counter-gateway","version":2}"#,
-                "version 1",
+                r#"{"kind":"header","format":"counter-gateway","version":3}"#,
+                "versions 1 and 2",
             ),
             (
                 r#"{"kind":"day","entity":"E","action":"A","uuid":"u","day":"2026-01-01","value":1}"#,
@@ -734,5 +904,129 @@ mod tests {
         };
         assert_eq!((i.before_sum, i.before_quantity), (31, 8));
         assert_eq!(i.days, a.days);
+    }
+
+    fn mark_rec(extra: &str) -> String {
+        format!(
+            r#"{{"kind":"mark","entity":"ARTICLE","action":"like","uuid":"a1","mark":"00112233445566778899aabbccddeeff"{extra}}}"#
+        )
+    }
+
+    #[test]
+    fn marks_round_trip_in_each_scope_and_state() {
+        let key = CounterKey::new("ARTICLE", "like", "a_1").unwrap();
+        let m = Mark::from_hex("00112233445566778899aabbccddeeff").unwrap();
+        for (day, state) in [
+            (None, MarkState::Counted),
+            (
+                None,
+                MarkState::Retracting {
+                    since_ms: today() * 86_400_000 + 1_234,
+                },
+            ),
+            (Some(today() - 400), MarkState::Counted),
+            (Some(today()), MarkState::Counted),
+        ] {
+            let mark = ActorMark {
+                key: key.clone(),
+                mark: m,
+                day,
+                state,
+            };
+            let line = mark_line(&mark);
+            assert!(line.ends_with('\n'));
+            assert_eq!(
+                parse(line.trim_end(), &rules()),
+                Ok(Record::Mark(mark)),
+                "{line}"
+            );
+        }
+        let like = mark_line(&ActorMark {
+            key: key.clone(),
+            mark: m,
+            day: None,
+            state: MarkState::Counted,
+        });
+        assert_eq!(
+            like,
+            "{\"kind\":\"mark\",\"entity\":\"ARTICLE\",\"action\":\"like\",\"uuid\":\"a_1\",\"scope\":\"ever\",\"mark\":\"00112233445566778899aabbccddeeff\",\"state\":\"counted\"}\n"
+        );
+        // `state` may be left out: counted.
+        assert!(matches!(
+            parse(&mark_rec(r#","scope":"ever""#), &rules()),
+            Ok(Record::Mark(ActorMark {
+                state: MarkState::Counted,
+                day: None,
+                ..
+            }))
+        ));
+        let fp = actor_secret_line("0123456789abcdef");
+        assert_eq!(
+            parse(fp.trim_end(), &rules()),
+            Ok(Record::ActorSecret("0123456789abcdef".into()))
+        );
+    }
+
+    #[test]
+    fn a_mark_past_the_retention_is_left_out_and_bad_marks_say_why() {
+        let old = format_day(today() - 401);
+        assert_eq!(
+            parse(
+                &mark_rec(&format!(r#","scope":"day","day":"{old}""#)),
+                &rules()
+            ),
+            Ok(Record::ExpiredMark)
+        );
+        let tomorrow = format_day(today() + 1);
+        let kept = format_day(today() - 400);
+        for (extra, why) in [
+            (
+                r#","scope":"ever","day":"2028-02-29""#,
+                "not part of an `ever` mark",
+            ),
+            (r#","scope":"day""#, "missing field `day`"),
+            (r#","scope":"week""#, "scope must be"),
+            ("", "missing field `scope`"),
+            (
+                &format!(r#","scope":"day","day":"{tomorrow}""#),
+                "in the future",
+            ),
+            (
+                &format!(
+                    r#","scope":"day","day":"{kept}","state":"retracting","since":"2028-02-29T00:00:00Z""#
+                ),
+                "never `retracting`",
+            ),
+            (
+                r#","scope":"ever","state":"retracting""#,
+                "missing field `since`",
+            ),
+            (
+                r#","scope":"ever","since":"2028-02-29T00:00:00Z""#,
+                "`retracting` mark only",
+            ),
+            (r#","scope":"ever","state":"liked""#, "state must be"),
+            (
+                r#","scope":"ever","value":1"#,
+                "field `value` is not part of a mark record",
+            ),
+        ] {
+            let e = parse(&mark_rec(extra), &rules()).unwrap_err();
+            assert!(e.contains(why), "{extra}: {e}");
+        }
+        let e = parse(
+            r#"{"kind":"mark","entity":"A","action":"like","uuid":"a1","scope":"ever","mark":"00112233445566778899AABBCCDDEEFF"}"#,
+            &rules(),
+        )
+        .unwrap_err();
+        assert!(e.contains("32 lower-case hex"), "{e}");
+        for bad in ["0123", "0123456789ABCDEF", "0123456789abcdeg"] {
+            let e = parse(
+                &format!(r#"{{"kind":"actor_secret","fingerprint":"{bad}"}}"#),
+                &rules(),
+            )
+            .unwrap_err();
+            assert!(e.contains("16 lower-case hex"), "{e}");
+        }
     }
 }

@@ -13,6 +13,12 @@
 //! the import with its line number and reason, before anything of its batch
 //! is applied; with `--skip-bad` it is written to that file instead (after
 //! a header, so the file can be corrected and imported) and the import goes on.
+//!
+//! Marks of actors are set like the rest, after the file's `actor_secret`
+//! record (if any) was admitted by [`SecretCheck`]: a file whose marks were
+//! keyed with another secret than the store's gateways use is refused
+//! there, before anything is applied (`--skip-marks` imports it without
+//! its marks). `day` marks past the retention are left out and counted.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -20,7 +26,8 @@ use std::path::{Path, PathBuf};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt};
 
 use super::format::{self, Record, Rules};
-use crate::domain::CounterKey;
+use super::secret::SecretCheck;
+use crate::domain::{CounterKey, Mark};
 use crate::store::{ImportBatch, ImportEntry, ImportOutcome, Store};
 
 /// Longest line read: a counter with 400 days is some 10 KB.
@@ -42,6 +49,10 @@ pub struct Options {
     pub from_line: u64,
     /// How the input is named in messages and in the checkpoint.
     pub input_name: String,
+    /// Leave the file's marks out (and its secret unchecked).
+    pub skip_marks: bool,
+    /// What the file's `actor_secret` record is checked against.
+    pub secret: SecretCheck,
 }
 
 impl Default for Options {
@@ -53,6 +64,8 @@ impl Default for Options {
             skip_bad: None,
             from_line: 1,
             input_name: "-".into(),
+            skip_marks: false,
+            secret: SecretCheck::Unchecked,
         }
     }
 }
@@ -72,6 +85,12 @@ pub struct Imported {
     pub bad: u64,
     /// Lines skipped as already applied (checkpoint, `--from-line`).
     pub resumed_after: u64,
+    /// Marks of actors set.
+    pub marks: u64,
+    /// `day` marks of days past the retention, left out.
+    pub marks_expired: u64,
+    /// Marks left out by `--skip-marks`.
+    pub marks_skipped: u64,
 }
 
 /// The batch being gathered, with the line each entry came from.
@@ -81,6 +100,8 @@ struct Pending {
     counter_lines: Vec<(u64, String)>,
     average_lines: Vec<(u64, String)>,
     day_lines: Vec<(u64, String)>,
+    mark_lines: Vec<(u64, String)>,
+    marks: HashSet<(CounterKey, Option<i64>, Mark)>,
     with_record: HashSet<CounterKey>,
     with_days: HashSet<CounterKey>,
     day_pairs: HashSet<(CounterKey, i64)>,
@@ -91,7 +112,10 @@ struct Pending {
 
 impl Pending {
     fn records(&self) -> usize {
-        self.counter_lines.len() + self.average_lines.len() + self.day_lines.len()
+        self.counter_lines.len()
+            + self.average_lines.len()
+            + self.day_lines.len()
+            + self.mark_lines.len()
     }
 
     /// Whether `r` names what the batch names already (the same counter or
@@ -107,7 +131,8 @@ impl Pending {
                 self.with_record.contains(&d.key)
                     || self.day_pairs.contains(&(d.key.clone(), d.day))
             }
-            Record::Header => false,
+            Record::Mark(m) => self.marks.contains(&(m.key.clone(), m.day, m.mark)),
+            Record::Header(_) | Record::ActorSecret(_) | Record::ExpiredMark => false,
         }
     }
 
@@ -135,7 +160,12 @@ impl Pending {
                 self.batch.days.push(d);
                 self.day_lines.push((line, raw));
             }
-            Record::Header => {}
+            Record::Mark(m) => {
+                self.marks.insert((m.key.clone(), m.day, m.mark));
+                self.batch.marks.push(m);
+                self.mark_lines.push((line, raw));
+            }
+            Record::Header(_) | Record::ActorSecret(_) | Record::ExpiredMark => {}
         }
     }
 
@@ -303,6 +333,7 @@ impl Run<'_> {
             .iter()
             .chain(&p.average_lines)
             .chain(&p.day_lines)
+            .chain(&p.mark_lines)
             .map(|(l, _)| *l)
             .max()
             .unwrap_or(p.first_line);
@@ -336,6 +367,7 @@ impl Run<'_> {
         self.done.counters += p.counter_lines.len() as u64;
         self.done.averages += p.average_lines.len() as u64;
         self.done.day_records += p.day_lines.len() as u64;
+        self.done.marks += p.mark_lines.len() as u64;
         self.done.days += p.days as u64;
         self.applied = last_line;
         if let Some(c) = &self.options.checkpoint {
@@ -343,9 +375,84 @@ impl Run<'_> {
         }
         self.progress.set_message(format!(
             "{} records",
-            self.done.counters + self.done.averages + self.done.day_records
+            self.done.counters + self.done.averages + self.done.day_records + self.done.marks
         ));
         Ok(())
+    }
+}
+
+/// What the import has seen of marks and of their secret.
+#[derive(Default)]
+struct Marks {
+    /// The fingerprint admitted.
+    fingerprint: Option<String>,
+    /// A mark was read.
+    any: bool,
+    /// The warning for marks without a fingerprint was given.
+    warned: bool,
+}
+
+impl Marks {
+    /// The file's `actor_secret` record at `line`: checked once (a second
+    /// one must say the same), before any mark.
+    async fn admit(
+        &mut self,
+        fp: &str,
+        line: u64,
+        raw: &str,
+        options: &Options,
+        run: &mut Run<'_>,
+        first_unapplied: u64,
+    ) -> Result<(), String> {
+        if options.skip_marks {
+            return Ok(());
+        }
+        let refuse = |why: String, run: &Run<'_>| {
+            format!(
+                "line {line}: {why}\n{}; or pass --skip-marks to import without the marks",
+                run.resume_hint(first_unapplied)
+            )
+        };
+        match &self.fingerprint {
+            Some(seen) if seen == fp => return Ok(()),
+            Some(seen) => {
+                return Err(refuse(
+                    format!("a second actor_secret record names fingerprint {fp}, the first {seen}: the marks of one file are keyed with one secret"),
+                    run,
+                ))
+            }
+            None if self.any => {
+                return Err(refuse(
+                    "the actor_secret record comes after marks; it must come before them (export writes it after the header)".into(),
+                    run,
+                ))
+            }
+            None => {}
+        }
+        options
+            .secret
+            .admit(fp)
+            .await
+            .map_err(|why| refuse(why, run))?;
+        if let Some(skip) = &mut run.skip {
+            // A file of set-aside marks is checked as this one was.
+            skip.put(raw)?;
+        }
+        self.fingerprint = Some(fp.to_string());
+        Ok(())
+    }
+
+    /// A mark at `line`: the first without an admitted fingerprint warns.
+    fn seen(&mut self, line: u64, run: &Run<'_>) {
+        self.any = true;
+        if self.fingerprint.is_none() && !self.warned {
+            self.warned = true;
+            run.progress.suspend(|| {
+                eprintln!(
+                    "line {line}: marks without an actor_secret record before them: nothing tells which secret they were keyed with; they count only if the gateways of this store use that same secret"
+                )
+            });
+        }
     }
 }
 
@@ -384,6 +491,7 @@ pub async fn read_all<R: AsyncBufRead + Unpin>(
         progress,
     };
     let mut pending = Pending::default();
+    let mut marks = Marks::default();
     let mut buf = Vec::with_capacity(4096);
     let mut line_no = 0u64;
     loop {
@@ -421,7 +529,11 @@ pub async fn read_all<R: AsyncBufRead + Unpin>(
             }
         }
         if line_no > 1 && line_no < skip_before {
-            continue;
+            // The secret's record is checked again (it applies nothing), so
+            // that a resumed import checks what it imports.
+            if !buf.starts_with(br#"{"kind":"actor_secret""#) {
+                continue;
+            }
         }
         let text = String::from_utf8_lossy(&buf);
         let raw = text.trim_end_matches(['\n', '\r']).to_string();
@@ -440,7 +552,7 @@ pub async fn read_all<R: AsyncBufRead + Unpin>(
         };
         if line_no == 1 {
             match parsed {
-                Ok(Record::Header) => continue,
+                Ok(Record::Header(_)) => continue,
                 Ok(_) => {
                     return Err(format!(
                         "line 1: the first line must be the header {}",
@@ -456,7 +568,7 @@ pub async fn read_all<R: AsyncBufRead + Unpin>(
             }
         }
         let record = match parsed {
-            Ok(Record::Header) => {
+            Ok(Record::Header(_)) => {
                 Err("a header inside the file (only the first line is one)".to_string())
             }
             other => other,
@@ -473,6 +585,29 @@ pub async fn read_all<R: AsyncBufRead + Unpin>(
                 continue;
             }
         };
+        let first = if pending.records() == 0 {
+            line_no
+        } else {
+            pending.first_line
+        };
+        match &record {
+            Record::ActorSecret(fp) => {
+                marks
+                    .admit(fp, line_no, &raw, options, &mut run, first)
+                    .await?;
+                continue;
+            }
+            Record::ExpiredMark => {
+                run.done.marks_expired += 1;
+                continue;
+            }
+            Record::Mark(_) if options.skip_marks => {
+                run.done.marks_skipped += 1;
+                continue;
+            }
+            Record::Mark(_) => marks.seen(line_no, &run),
+            _ => {}
+        }
         let days = match &record {
             Record::Counter(c) => c.days.len(),
             Record::Average(a) => a.days.len(),

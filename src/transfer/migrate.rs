@@ -3,15 +3,22 @@
 //! embedded store piped in process into an import of the cluster (the same
 //! code and format as the two commands), then a verification that reads
 //! both stores again side by side, in key order, and compares every
-//! counter and average: totals, bucket sums and each day.
+//! counter and average (totals, bucket sums and each day) and every mark.
+//!
+//! Marks of actors count only under the secret they were keyed with, so
+//! `migrate` reads the embedded store's (`--actor-secret`, else
+//! `<data-dir>/actor-secret`), refuses a cluster that recorded another one,
+//! records its fingerprint on every tenant it copies marks of, and ends by
+//! saying what every gateway on the cluster must be started with.
 
 use std::collections::VecDeque;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use super::secret::{given_fingerprint, SecretCheck};
 use super::{export, format, import, open_elasticsearch, open_embedded, progress, Unit};
-use crate::config::StoreArgs;
+use crate::config::{SecretArgs, StoreArgs};
 use crate::domain::{format_day, Clock, CounterKey};
-use crate::store::{AverageHistory, CounterHistory, Store};
+use crate::store::{ActorMark, AverageHistory, CounterHistory, MarkState, Store};
 use crate::tenant::{validate_tenant, DEFAULT_TENANT};
 
 /// Differences printed per tenant; the rest are counted.
@@ -171,9 +178,36 @@ fn compare_averages(v: &mut Verified, a: &AverageHistory, b: &AverageHistory) {
     }
 }
 
+fn mark_text(m: &ActorMark) -> String {
+    let scope = match m.day {
+        None => "ever".to_string(),
+        Some(d) => format!("day {}", format_day(d)),
+    };
+    format!("mark {} of {} ({scope})", m.mark.hex(), key_text(&m.key))
+}
+
+fn state_text(s: MarkState) -> String {
+    match s {
+        MarkState::Counted => "counted".into(),
+        MarkState::Retracting { since_ms } => {
+            format!("retracting since {}", crate::domain::format_ms(since_ms))
+        }
+    }
+}
+
 /// Reads `from` and `to` side by side in key order, a page at a time, and
-/// compares each counter and average of `from` with the cluster's.
+/// compares each counter, average and mark of `from` with the cluster's.
 pub async fn verify(from: &dyn Store, to: &dyn Store, from_day: i64) -> Result<Verified, String> {
+    verify_with(from, to, from_day, true).await
+}
+
+/// [`verify`], marks compared only when `marks`.
+pub async fn verify_with(
+    from: &dyn Store,
+    to: &dyn Store,
+    from_day: i64,
+    marks: bool,
+) -> Result<Verified, String> {
     let mut v = Verified::default();
     let err = |e: crate::store::StoreError| format!("verifying: {e}");
     // Counters.
@@ -294,7 +328,93 @@ pub async fn verify(from: &dyn Store, to: &dyn Store, from_day: i64) -> Result<V
             },
         }
     }
+    if marks {
+        verify_marks(&mut v, from, to, from_day).await?;
+    }
     Ok(v)
+}
+
+/// The marks of both stores side by side, in the order both list them
+/// (`ActorMark::order`).
+async fn verify_marks(
+    v: &mut Verified,
+    from: &dyn Store,
+    to: &dyn Store,
+    from_day: i64,
+) -> Result<(), String> {
+    let err = |e: crate::store::StoreError| format!("verifying marks: {e}");
+    // Each entry with its order, computed once.
+    type Keyed = ((Option<i64>, [u8; 16], [u8; 16]), ActorMark);
+    let (mut a, mut b): (VecDeque<Keyed>, VecDeque<Keyed>) = (VecDeque::new(), VecDeque::new());
+    let (mut a_after, mut b_after): (Option<ActorMark>, Option<ActorMark>) = (None, None);
+    let (mut a_end, mut b_end) = (false, false);
+    loop {
+        if a.is_empty() && !a_end {
+            let page = from
+                .mark_page(a_after.take(), export::MARK_PAGE, from_day)
+                .await
+                .map_err(err)?;
+            a_end = page.len() < export::MARK_PAGE;
+            a_after = page.last().cloned();
+            a.extend(page.into_iter().map(|m| (m.order(), m)));
+        }
+        if b.is_empty() && !b_end {
+            let page = to
+                .mark_page(b_after.take(), export::MARK_PAGE, from_day)
+                .await
+                .map_err(err)?;
+            b_end = page.len() < export::MARK_PAGE;
+            b_after = page.last().cloned();
+            b.extend(page.into_iter().map(|m| (m.order(), m)));
+        }
+        match (a.front(), b.front()) {
+            (None, None) => return Ok(()),
+            (Some((_, x)), None) => {
+                v.compared += 1;
+                v.differ(format!("{}: missing in the cluster", mark_text(x)));
+                a.pop_front();
+            }
+            (None, Some(_)) => {
+                v.only_in_cluster += 1;
+                b.pop_front();
+            }
+            (Some((kx, x)), Some((ky, y))) => match kx.cmp(ky) {
+                std::cmp::Ordering::Less => {
+                    v.compared += 1;
+                    v.differ(format!("{}: missing in the cluster", mark_text(x)));
+                    a.pop_front();
+                }
+                std::cmp::Ordering::Greater => {
+                    v.only_in_cluster += 1;
+                    b.pop_front();
+                }
+                std::cmp::Ordering::Equal => {
+                    v.compared += 1;
+                    if x.state != y.state {
+                        v.differ(format!(
+                            "{}: {} in the embedded store, {} in the cluster",
+                            mark_text(x),
+                            state_text(x.state),
+                            state_text(y.state)
+                        ));
+                    }
+                    a.pop_front();
+                    b.pop_front();
+                }
+            },
+        }
+    }
+}
+
+/// How a copy carries marks.
+#[derive(Clone, Debug)]
+pub struct MarkCopy {
+    /// Marks are copied (not `--skip-marks`).
+    pub marks: bool,
+    /// The fingerprint of the embedded store's secret, when known.
+    pub fingerprint: Option<String>,
+    /// What the cluster's side checks it against (and records it in).
+    pub check: SecretCheck,
 }
 
 /// Copies one tenant: `from` exported into an in-memory pipe that `to`
@@ -304,34 +424,96 @@ pub async fn copy(
     from: &dyn Store,
     to: &dyn Store,
     rules: &format::Rules,
+    marks: &MarkCopy,
     bar: &indicatif::ProgressBar,
 ) -> Result<import::Imported, String> {
     let (mut writer, reader) = tokio::io::duplex(1 << 20);
     let hidden = indicatif::ProgressBar::hidden();
+    let what = export::Export {
+        from_day: rules.oldest_day(),
+        marks: marks.marks,
+        fingerprint: marks.fingerprint.clone(),
+    };
     let exporting = async move {
-        let done = export::write_all(from, &mut writer, rules.oldest_day(), &hidden).await;
+        let done = export::write(from, &mut writer, &what, &hidden).await;
         // Dropping the writer ends the stream for the import.
         drop(writer);
         done
     };
     let options = import::Options {
         input_name: "the embedded store".into(),
+        secret: marks.check.clone(),
         ..import::Options::default()
     };
     let importing = import::read_all(to, tokio::io::BufReader::new(reader), rules, &options, bar);
     let (exported, imported) = tokio::try_join!(exporting, importing)?;
-    if imported.counters != exported.counters || imported.averages != exported.averages {
+    if imported.counters != exported.counters
+        || imported.averages != exported.averages
+        || imported.marks != exported.marks
+    {
         return Err(format!(
-            "{} counters and {} averages were exported, but {} and {} imported",
-            exported.counters, exported.averages, imported.counters, imported.averages
+            "{} counters, {} averages and {} marks were exported, but {}, {} and {} imported",
+            exported.counters,
+            exported.averages,
+            exported.marks,
+            imported.counters,
+            imported.averages,
+            imported.marks
         ));
     }
     Ok(imported)
 }
 
+/// What `migrate` did.
+#[derive(Debug, Default)]
+pub struct Migrated {
+    /// Tenants copied and verified.
+    pub tenants: usize,
+    /// Marks of actors copied, over every tenant.
+    pub marks: u64,
+    /// What every gateway on the cluster must be started with (printed),
+    /// when marks were copied.
+    pub gateways_need: Option<String>,
+}
+
+/// Where the embedded store's actor secret comes from.
+enum Source {
+    /// `--actor-secret` (or `COUNTER_GATEWAY_ACTOR_SECRET`).
+    Given,
+    /// `<data-dir>/actor-secret`.
+    File(PathBuf),
+}
+
+/// What every gateway on the cluster needs, to key actors as the embedded
+/// store's did: the secret named by where it is, never shown (a migration's
+/// output ends up in terminals and logs the secret has no business in).
+fn gateways_need(source: &Source, fingerprint: &str) -> String {
+    match source {
+        Source::Given => format!(
+            "every gateway on the cluster must be started with the COUNTER_GATEWAY_ACTOR_SECRET given to migrate (fingerprint {fingerprint}); a gateway with another secret refuses to start"
+        ),
+        Source::File(path) => {
+            let shown = path.display().to_string();
+            format!(
+                "every gateway on the cluster must be started with the embedded store's actor secret (fingerprint {fingerprint}), the content of {shown}:\n  COUNTER_GATEWAY_ACTOR_SECRET=\"$(cat '{}')\" counter-gateway serve --elasticsearch-url ...\n(copy it to each gateway's environment; a gateway with another secret refuses to start)",
+                shown.replace('\'', "'\\''")
+            )
+        }
+    }
+}
+
+/// `counter-gateway migrate` with no `--actor-secret` and marks copied.
+pub async fn run(args: &StoreArgs, clock: Clock) -> Result<Migrated, String> {
+    run_with(args, &SecretArgs::default(), clock).await
+}
+
 /// `counter-gateway migrate`: every tenant, copied then verified. Fails
 /// (non-zero exit) when a copy fails or the verification finds a difference.
-pub async fn run(args: &StoreArgs, clock: Clock) -> Result<(), String> {
+pub async fn run_with(
+    args: &StoreArgs,
+    secret: &SecretArgs,
+    clock: Clock,
+) -> Result<Migrated, String> {
     args.validate()?;
     if args.elasticsearch.url.is_none() {
         return Err("migrate needs --elasticsearch-url (or COUNTER_GATEWAY_ELASTICSEARCH_URL): the cluster to copy into".into());
@@ -349,35 +531,100 @@ pub async fn run(args: &StoreArgs, clock: Clock) -> Result<(), String> {
         now: clock.now(),
         policy: args.time_policy(),
     };
+    // The embedded store's secret: given, else its file (read, never made).
+    let marks = !secret.skip_marks;
+    let (fingerprint, source) = match given_fingerprint(secret.actor_secret.as_deref())? {
+        Some(fp) => (Some(fp), Some(Source::Given)),
+        None => match crate::actors::existing_embedded_secret(&args.data_dir)? {
+            Some(k) => (
+                k.fingerprint(),
+                Some(Source::File(
+                    std::fs::canonicalize(&args.data_dir)
+                        .unwrap_or_else(|_| args.data_dir.clone())
+                        .join(crate::actors::SECRET_FILE),
+                )),
+            ),
+            None => (None, None),
+        },
+    };
     // Setup once (templates and scripts serve every tenant).
     open_elasticsearch(args, DEFAULT_TENANT, true, clock.clone()).await?;
-    let mut failed = 0u64;
+    // Everything that would refuse the marks is checked before anything is
+    // copied: marks without a known secret, a cluster keyed with another.
+    let mut with_marks = Vec::new();
     for tenant in &names {
         let from = open_embedded(args, tenant, false, clock.clone())?;
-        let to = open_elasticsearch(args, tenant, false, clock.clone())
-            .await?
-            .ok_or("no --elasticsearch-url")?;
+        let any = from
+            .mark_page(None, 1, rules.oldest_day())
+            .await
+            .map_err(|e| format!("tenant {tenant}: reading marks: {e}"))?;
+        if marks && !any.is_empty() {
+            with_marks.push(tenant.clone());
+        }
+    }
+    if let (Some(first), None) = (with_marks.first(), &fingerprint) {
+        return Err(format!(
+            "tenant {first} holds marks of actors (once per actor), and the secret they were keyed with is unknown here: there is no {} (its gateway ran with --actor-secret?). Give migrate that secret (--actor-secret or COUNTER_GATEWAY_ACTOR_SECRET), or --skip-marks to copy without the marks (every actor would count once more on the cluster)",
+            args.data_dir.join(crate::actors::SECRET_FILE).display()
+        ));
+    }
+    if let Some(fp) = &fingerprint {
+        for tenant in &with_marks {
+            let to = open_elasticsearch(args, tenant, false, clock.clone())
+                .await?
+                .ok_or("no --elasticsearch-url")?;
+            if let Some(r) = to.recorded_fingerprint().await.map_err(|e| e.to_string())? {
+                if r != *fp {
+                    return Err(format!(
+                        "tenant {tenant}: the cluster's marks are recorded as keyed with the actor secret of fingerprint {r}, the embedded store's with {fp}: marks of two secrets cannot be mixed; nothing was copied. Migrate into another --index-prefix, or delete that tenant's actor mark indices first"
+                    ));
+                }
+            }
+        }
+    }
+    let mut failed = 0u64;
+    let mut done = Migrated {
+        tenants: names.len(),
+        ..Migrated::default()
+    };
+    for tenant in &names {
+        let from = open_embedded(args, tenant, false, clock.clone())?;
+        let to = std::sync::Arc::new(
+            open_elasticsearch(args, tenant, false, clock.clone())
+                .await?
+                .ok_or("no --elasticsearch-url")?,
+        );
         let bar = progress(Unit::Bytes(None));
         bar.set_message(format!("tenant {tenant}"));
         let started = std::time::Instant::now();
-        let copied = copy(&from, &to, &rules, &bar).await;
+        let how = MarkCopy {
+            marks,
+            fingerprint: fingerprint.clone(),
+            check: SecretCheck::Cluster {
+                store: to.clone(),
+                given: None,
+            },
+        };
+        let copied = copy(&from, &*to, &rules, &how, &bar).await;
         bar.finish_and_clear();
         let copied = copied.map_err(|e| {
             format!("tenant {tenant}: {e}\nnothing is lost: the embedded store is untouched; run migrate again (it sets, so what was copied is set to the same values again)")
         })?;
-        let v = verify(&from, &to, rules.oldest_day()).await?;
+        done.marks += copied.marks;
+        let v = verify_with(&from, &*to, rules.oldest_day(), marks).await?;
         eprintln!(
-            "tenant {tenant}: copied {} counters and {} averages ({} day buckets) in {:.1} s; verified {} of them: {}",
+            "tenant {tenant}: copied {} counters and {} averages ({} day buckets) and {} marks of actors in {:.1} s; verified {} of them: {}",
             copied.counters,
             copied.averages,
             copied.days,
+            copied.marks,
             started.elapsed().as_secs_f64(),
             v.compared,
             if v.count == 0 { "all agree".to_string() } else { format!("{} differences", v.count) }
         );
         if v.only_in_cluster > 0 {
             eprintln!(
-                "tenant {tenant}: the cluster also holds {} counters or averages the embedded store has not (kept: import merges)",
+                "tenant {tenant}: the cluster also holds {} counters, averages or marks the embedded store has not (kept: import merges)",
                 v.only_in_cluster
             );
         }
@@ -398,8 +645,17 @@ pub async fn run(args: &StoreArgs, clock: Clock) -> Result<(), String> {
         ));
     }
     eprintln!(
-        "migrated {} tenants; every counter and average agrees",
+        "migrated {} tenants; every counter, average and mark agrees",
         names.len()
     );
-    Ok(())
+    if !marks {
+        eprintln!("marks of actors were not copied (--skip-marks): on the cluster every actor counts once more");
+    } else if let (Some(fp), Some(source)) = (&fingerprint, &source) {
+        if done.marks > 0 {
+            let need = gateways_need(source, fp);
+            eprintln!("{need}");
+            done.gateways_need = Some(need);
+        }
+    }
+    Ok(done)
 }

@@ -2,7 +2,9 @@
 //! into a store) and `migrate` (every tenant of the embedded store into
 //! Elasticsearch, then verified). The format is in [`format`]; the stores
 //! only answer pages and apply batches (`Store::counter_page`,
-//! `Store::average_page`, `Store::import`), so every command works on both.
+//! `Store::average_page`, `Store::mark_page`, `Store::import`), so every
+//! command works on both. The actor secret the marks are keyed with is
+//! followed by its fingerprint ([`secret`]).
 //!
 //! ```text
 //! export:  store ─▶ pages in key order ─▶ format ─▶ file or stdout
@@ -14,6 +16,7 @@ pub mod export;
 pub mod format;
 pub mod import;
 pub mod migrate;
+pub mod secret;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -116,6 +119,78 @@ pub async fn open_elasticsearch(
     base.for_tenant(tenant).map(Some).map_err(|e| e.to_string())
 }
 
+/// The store an export or import names.
+enum Opened {
+    /// The embedded store of a tenant of the data directory `data_dir`.
+    Embedded {
+        store: Arc<SqliteStore>,
+        data_dir: PathBuf,
+    },
+    /// A tenant on Elasticsearch.
+    Cluster(Arc<ElasticsearchStore>),
+}
+
+impl Opened {
+    fn store(&self) -> Arc<dyn Store> {
+        match self {
+            Opened::Embedded { store, .. } => store.clone(),
+            Opened::Cluster(store) => store.clone(),
+        }
+    }
+
+    /// What an import into this store checks a file's secret against.
+    fn secret_check(&self, given: Option<&str>) -> secret::SecretCheck {
+        let given = given.map(str::to_string);
+        match self {
+            Opened::Embedded { data_dir, .. } => secret::SecretCheck::Embedded {
+                data_dir: data_dir.clone(),
+                given,
+            },
+            Opened::Cluster(store) => secret::SecretCheck::Cluster {
+                store: store.clone(),
+                given,
+            },
+        }
+    }
+
+    /// The fingerprint of the secret this store's marks are keyed with, as
+    /// far as it is known: `--actor-secret`'s; else the embedded store's
+    /// `actor-secret` file's (read, never made), or the one recorded in the
+    /// cluster. Both known and different is an error.
+    async fn fingerprint(&self, given: Option<&str>) -> Result<Option<String>, String> {
+        let given = secret::given_fingerprint(given)?;
+        let (stored, source) = match self {
+            Opened::Embedded { data_dir, .. } => (
+                crate::actors::existing_embedded_secret(data_dir)?.and_then(|k| k.fingerprint()),
+                format!("{}", data_dir.join(crate::actors::SECRET_FILE).display()),
+            ),
+            Opened::Cluster(store) => (
+                // Reading it needs `view_index_metadata`: an export by a
+                // user without it goes on, naming no secret.
+                match store.recorded_fingerprint().await {
+                    Ok(fp) => fp,
+                    Err(e) => {
+                        eprintln!("could not read the actor secret's fingerprint recorded in the cluster ({e}); the export names none");
+                        None
+                    }
+                },
+                format!(
+                    "the fingerprint recorded on {}",
+                    store.config().names.actor_marks()
+                ),
+            ),
+        };
+        match (given, stored) {
+            (Some(g), Some(s)) if g != s && matches!(self, Opened::Cluster(_)) => Err(format!(
+                "--actor-secret has fingerprint {g}, and {source} says the marks are keyed with {s}: give the secret the gateways use"
+            )),
+            // An embedded gateway given --actor-secret uses it, not the file.
+            (Some(g), _) => Ok(Some(g)),
+            (None, s) => Ok(s),
+        }
+    }
+}
+
 /// The store an export or import names: Elasticsearch with a URL, else
 /// the embedded store.
 async fn open_store(
@@ -123,22 +198,39 @@ async fn open_store(
     tenant: &str,
     writing: bool,
     clock: Clock,
-) -> Result<Arc<dyn Store>, String> {
+) -> Result<Opened, String> {
     validate_tenant(tenant).map_err(|e| format!("--tenant: {e}"))?;
     args.validate()?;
     crate::store::sqlite::set_memory_budget(args.sqlite_memory_budget);
     match open_elasticsearch(args, tenant, writing, clock.clone()).await? {
-        Some(es) => Ok(Arc::new(es)),
-        None => Ok(Arc::new(open_embedded(args, tenant, writing, clock)?)),
+        Some(es) => Ok(Opened::Cluster(Arc::new(es))),
+        None => Ok(Opened::Embedded {
+            store: Arc::new(open_embedded(args, tenant, writing, clock)?),
+            data_dir: args.data_dir.clone(),
+        }),
     }
 }
 
 /// `counter-gateway export`.
 pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
-    let store = open_store(&args.store, &args.tenant, false, clock.clone()).await?;
+    let opened = open_store(&args.store, &args.tenant, false, clock.clone()).await?;
+    let store = opened.store();
     let rules = format::Rules {
         now: clock.now(),
         policy: args.store.time_policy(),
+    };
+    let marks = !args.secret.skip_marks;
+    let fingerprint = if marks {
+        opened
+            .fingerprint(args.secret.actor_secret.as_deref())
+            .await?
+    } else {
+        None
+    };
+    let what = export::Export {
+        from_day: rules.oldest_day(),
+        marks,
+        fingerprint,
     };
     let bar = progress(Unit::Records);
     let started = std::time::Instant::now();
@@ -154,7 +246,7 @@ pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
                 .await
                 .map_err(|e| format!("--output {}: {e}", tmp.display()))?;
             let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
-            let done = export::write_all(&*store, &mut out, rules.oldest_day(), &bar).await?;
+            let done = export::write(&*store, &mut out, &what, &bar).await?;
             out.into_inner()
                 .sync_all()
                 .await
@@ -166,26 +258,37 @@ pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
         }
         None => {
             let mut out = tokio::io::BufWriter::with_capacity(1 << 20, tokio::io::stdout());
-            export::write_all(&*store, &mut out, rules.oldest_day(), &bar).await?
+            export::write(&*store, &mut out, &what, &bar).await?
         }
     };
     bar.finish_and_clear();
     eprintln!(
-        "exported {} counters and {} averages with {} day buckets ({} lines) of tenant {} to {} in {:.1} s",
+        "exported {} counters and {} averages with {} day buckets, and {} marks of actors ({} lines) of tenant {} to {} in {:.1} s",
         done.counters,
         done.averages,
         done.days,
+        done.marks,
         done.lines(),
         args.tenant,
         target.as_deref().map_or("standard output".into(), |p| p.display().to_string()),
         started.elapsed().as_secs_f64()
     );
+    if done.marks > 0 && !done.fingerprint {
+        eprintln!(
+            "the marks are written without their secret's fingerprint (no --actor-secret, {}): an import cannot check that the gateways it serves key actors the same way; give --actor-secret to name it",
+            match &opened {
+                Opened::Embedded { data_dir, .. } => format!("no {}", data_dir.join(crate::actors::SECRET_FILE).display()),
+                Opened::Cluster(_) => "none recorded in the cluster".into(),
+            }
+        );
+    }
     Ok(())
 }
 
 /// `counter-gateway import`.
 pub async fn run_import(args: ImportArgs, clock: Clock) -> Result<(), String> {
-    let store = open_store(&args.store, &args.tenant, true, clock.clone()).await?;
+    let opened = open_store(&args.store, &args.tenant, true, clock.clone()).await?;
+    let store = opened.store();
     let rules = format::Rules {
         now: clock.now(),
         policy: args.store.time_policy(),
@@ -199,6 +302,8 @@ pub async fn run_import(args: ImportArgs, clock: Clock) -> Result<(), String> {
         input_name: source
             .as_deref()
             .map_or("-".into(), |p| p.display().to_string()),
+        skip_marks: args.secret.skip_marks,
+        secret: opened.secret_check(args.secret.actor_secret.as_deref()),
         ..import::Options::default()
     };
     let started = std::time::Instant::now();
@@ -227,14 +332,16 @@ pub async fn run_import(args: ImportArgs, clock: Clock) -> Result<(), String> {
     bar.finish_and_clear();
     let done = done?;
     eprintln!(
-        "imported {} counters, {} averages and {} day records ({} day buckets set) into tenant {} from {} in {:.1} s{}{}",
+        "imported {} counters, {} averages, {} day records ({} day buckets set) and {} marks of actors into tenant {} from {} in {:.1} s{}{}{}",
         done.counters,
         done.averages,
         done.day_records,
         done.days,
+        done.marks,
         args.tenant,
         options.input_name,
         started.elapsed().as_secs_f64(),
+        marks_left_out(&done),
         if done.resumed_after > 1 {
             format!("; lines up to {} were skipped as applied before", done.resumed_after)
         } else {
@@ -248,7 +355,27 @@ pub async fn run_import(args: ImportArgs, clock: Clock) -> Result<(), String> {
     Ok(())
 }
 
+/// What an import says of the marks it left out, if any.
+fn marks_left_out(done: &import::Imported) -> String {
+    let mut out = String::new();
+    if done.marks_expired > 0 {
+        out.push_str(&format!(
+            "; {} marks of days past the retention left out",
+            done.marks_expired
+        ));
+    }
+    if done.marks_skipped > 0 {
+        out.push_str(&format!(
+            "; {} marks left out (--skip-marks)",
+            done.marks_skipped
+        ));
+    }
+    out
+}
+
 /// `counter-gateway migrate`.
 pub async fn run_migrate(args: MigrateArgs, clock: Clock) -> Result<(), String> {
-    migrate::run(&args.store, clock).await
+    migrate::run_with(&args.store, &args.secret, clock)
+        .await
+        .map(|_| ())
 }

@@ -583,6 +583,17 @@ macro_rules! store_wrapper {
             > {
                 self.inner.average_page(after, limit, from_day).await
             }
+            async fn mark_page(
+                &self,
+                after: Option<counter_gateway::store::ActorMark>,
+                limit: usize,
+                from_day: i64,
+            ) -> Result<
+                Vec<counter_gateway::store::ActorMark>,
+                counter_gateway::store::StoreError,
+            > {
+                self.inner.mark_page(after, limit, from_day).await
+            }
             async fn import(
                 &self,
                 batch: counter_gateway::store::ImportBatch,

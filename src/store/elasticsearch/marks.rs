@@ -1,7 +1,7 @@
 //! Counting once per actor on Elasticsearch: the marks of events with
 //! `unique`, each a document of its own (`<prefix>_<tenant>_actor_marks`
 //! for likes, monthly `..._actor_day_marks-YYYY.MM` for views, routed by
-//! counter id), changed by the stored script `<prefix>-actor-mark-v1`.
+//! counter id), changed by the stored script `<prefix>-actor-mark-v2`.
 //!
 //! A mark and its counter are two documents, which no transaction spans,
 //! so the guarantee is **never counted twice**, in three steps per flush:
@@ -36,8 +36,9 @@ use super::request::{self, BulkAction};
 use super::response::ItemClass;
 use super::writes::Fate;
 use super::{templates, ElasticsearchStore};
-use crate::domain::{Increment, Scope};
-use crate::store::{BatchOutcome, RequestOutcome, StoreError, WriteBatch};
+
+use crate::domain::{to_hex, Increment, Scope};
+use crate::store::{ActorMark, BatchOutcome, RequestOutcome, StoreError, WriteBatch};
 
 /// How long a retraction left by another flush stays a retraction; past it,
 /// the mark counts as counted again (that flush is taken to have died: no
@@ -188,6 +189,12 @@ impl ElasticsearchStore {
                     json!(if op == Op::Add { "add" } else { "take" }),
                 );
                 p.insert("counter_id".into(), json!(counter_id));
+                // Where `export` lists the mark (`ActorMark::order`).
+                p.insert(
+                    "counter_hash".into(),
+                    json!(to_hex(&ActorMark::counter_hash(&inc.key))),
+                );
+                p.insert("mark".into(), json!(u.mark.hex()));
                 p.insert("scope".into(), json!(u.scope.as_str()));
                 p.insert("day".into(), json!(day.map(|d| d * 86_400_000)));
                 p.insert("token".into(), json!(token));
@@ -354,7 +361,7 @@ impl ElasticsearchStore {
     /// Creates the monthly indices of day marks a flush needs (as for
     /// buckets, `indices.rs`): only for flushes with views, so a tenant
     /// that never counts once per day has none.
-    async fn ensure_mark_months(&self, days: &[i64]) {
+    pub(super) async fn ensure_mark_months(&self, days: &[i64]) {
         if days.is_empty() {
             return;
         }

@@ -61,6 +61,7 @@ mod backfill;
 mod client;
 pub mod config;
 pub mod indices;
+mod mark_transfer;
 mod marks;
 pub mod query;
 mod reads;
@@ -81,13 +82,14 @@ use elasticsearch::Elasticsearch;
 use self::config::{Auth, EsConfig};
 use self::retry::Jitter;
 use super::{
-    Average, AverageHistory, BatchOutcome, Bucket, CounterHistory, DaysOutcome, ImportBatch,
-    ImportOutcome, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery, TopList, TopQuery,
-    UnusedPair, WriteBatch,
+    ActorMark, Average, AverageHistory, BatchOutcome, Bucket, CounterHistory, DaysOutcome,
+    ImportBatch, ImportOutcome, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
+    TopList, TopQuery, UnusedPair, WriteBatch,
 };
 use crate::domain::{Clock, Counter, CounterKey, DaySet, Window};
 
 pub use self::config::{ElasticsearchArgs, SetupArgs};
+pub use self::mark_transfer::FINGERPRINT_META;
 pub use self::setup::SetupReport;
 pub use self::writes::MAX_BULK_ITEMS;
 
@@ -106,6 +108,8 @@ pub struct ElasticsearchStore {
     mapped_for_sets: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Months whose day-mark indices this store created or found (`marks`).
     mark_months: std::sync::Mutex<std::collections::BTreeSet<indices::Month>>,
+    /// This tenant's `actor_marks` index made sure of (`mark_transfer`).
+    marks_index_ready: std::sync::atomic::AtomicBool,
 }
 
 impl ElasticsearchStore {
@@ -138,6 +142,7 @@ impl ElasticsearchStore {
             ensured_months: Default::default(),
             mapped_for_sets: Default::default(),
             mark_months: Default::default(),
+            marks_index_ready: Default::default(),
         })
     }
 
@@ -177,6 +182,7 @@ impl ElasticsearchStore {
             ensured_months: Default::default(),
             mapped_for_sets: Default::default(),
             mark_months: Default::default(),
+            marks_index_ready: Default::default(),
         })
     }
 }
@@ -271,6 +277,15 @@ impl Store for ElasticsearchStore {
         from_day: i64,
     ) -> Result<Vec<AverageHistory>, StoreError> {
         self.average_page_es(after, limit, from_day).await
+    }
+
+    async fn mark_page(
+        &self,
+        after: Option<ActorMark>,
+        limit: usize,
+        from_day: i64,
+    ) -> Result<Vec<ActorMark>, StoreError> {
+        self.mark_page_es(after, limit, from_day).await
     }
 
     async fn import(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError> {

@@ -115,6 +115,20 @@ impl IndexNames {
         format!("{}-{}", self.collection("actor_day_marks"), month_of(day))
     }
 
+    /// Every monthly index of `day` actor marks of this tenant.
+    pub fn actor_day_marks_pattern(&self) -> String {
+        format!("{}-*", self.collection("actor_day_marks"))
+    }
+
+    /// The `ever` and the monthly `day` mark indices of every tenant of
+    /// this prefix (setup's mapping upgrade, the gateway's secret check).
+    pub fn all_actor_marks(&self) -> (String, String) {
+        (
+            format!("{}_*_actor_marks", self.prefix),
+            format!("{}_*_actor_day_marks-*", self.prefix),
+        )
+    }
+
     /// Every index of actor marks of this tenant (a counter's delete).
     pub fn actor_marks_pattern(&self) -> String {
         format!(

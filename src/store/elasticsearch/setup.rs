@@ -69,6 +69,8 @@ impl ElasticsearchStore {
                 }
             }
         }
+        // Mark indices made before the mark fields (template version 2).
+        self.upgrade_mark_mappings().await?;
         Ok(report)
     }
 }

@@ -13,6 +13,10 @@ use super::request::IndexNames;
 /// gateways of two versions can run side by side during an upgrade.
 pub const SCRIPT_VERSION: u32 = 1;
 
+/// The actor mark script's own version: 2 writes `counter_hash` and `mark`
+/// (the order `export` lists marks in), which 1 did not.
+pub const ACTOR_MARK_SCRIPT_VERSION: u32 = 2;
+
 const COUNTER_SCRIPT: &str =
     include_str!("../../../index-templates/scripts/counter-update.painless");
 const BUCKET_SCRIPT: &str = include_str!("../../../index-templates/scripts/bucket-update.painless");
@@ -112,7 +116,7 @@ pub fn counter_set_script_id(prefix: &str) -> String {
 
 /// The stored script of actor marks (`unique`; see `marks.rs`).
 pub fn actor_mark_script_id(prefix: &str) -> String {
-    format!("{prefix}-actor-mark-v{SCRIPT_VERSION}")
+    format!("{prefix}-actor-mark-v{ACTOR_MARK_SCRIPT_VERSION}")
 }
 
 pub fn ilm_policy_name(prefix: &str) -> String {

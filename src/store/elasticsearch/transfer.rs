@@ -75,7 +75,7 @@ fn day_ms(day: i64) -> i64 {
 impl ElasticsearchStore {
     /// `POST <tenant's indices>/_refresh`: searches then see every write
     /// acknowledged before it.
-    async fn refresh_tenant(&self, pattern: &str) -> Result<(), StoreError> {
+    pub(super) async fn refresh_tenant(&self, pattern: &str) -> Result<(), StoreError> {
         let lenient = [("ignore_unavailable", "true"), ("allow_no_indices", "true")];
         let (status, answer) = self
             .call(
@@ -773,6 +773,8 @@ impl ElasticsearchStore {
             waited += delay;
             attempt += 1;
         }
+        // After every check: marks never overflow, and an `Overflow` sets nothing.
+        self.import_marks(&batch.marks).await?;
         if batch.days.is_empty() {
             return Ok(ImportOutcome::Applied);
         }
@@ -805,7 +807,7 @@ fn put_key(s: &mut Map<String, Value>, key: &CounterKey, cid: &str) {
     s.insert("uuid".into(), json!(&*key.uuid));
 }
 
-fn hits(answer: &Value) -> Result<&Vec<Value>, StoreError> {
+pub(super) fn hits(answer: &Value) -> Result<&Vec<Value>, StoreError> {
     static EMPTY: Vec<Value> = Vec::new();
     // A pattern matching no index answers no hits at all.
     if answer.pointer("/_shards/total").and_then(Value::as_u64) == Some(0) {

@@ -15,14 +15,20 @@
 //! no counter row (the counter may be created by the very flush that claims
 //! its first mark) and a counter's marks are found for its delete. `mark` is
 //! the keyed hash of the actor on that counter: never the actor itself.
+//!
+//! `actor_mark_keys (ckey, entity, action, uuid)` names the counter of a
+//! `ckey`, one row per counter that was ever marked, written with its first
+//! mark: `export` lists marks with their counter's key, and a hash cannot be
+//! read back. A store whose marks predate this table gets its rows once, at
+//! open ([`backfill_keys`]).
 
 use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection};
 
 use super::internal;
-use crate::domain::{CounterKey, Increment, Scope};
-use crate::store::StoreError;
+use crate::domain::{CounterKey, Increment, Mark, Scope};
+use crate::store::{ActorMark, MarkState, StoreError};
 
 /// Created with the rest of the schema when a store opens.
 pub(super) const SCHEMA: &str = "
@@ -37,6 +43,12 @@ CREATE TABLE IF NOT EXISTS actor_day_marks (
     mark BLOB    NOT NULL,
     PRIMARY KEY (day, ckey, mark)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS actor_mark_keys (
+    ckey   BLOB NOT NULL PRIMARY KEY,
+    entity TEXT NOT NULL,
+    action TEXT NOT NULL,
+    uuid   TEXT NOT NULL
+) WITHOUT ROWID;
 ";
 
 /// Day marks deleted per statement of the background retention, each its
@@ -45,10 +57,7 @@ const RETAIN_BATCH: i64 = 5_000;
 
 /// The counter part of a mark's key.
 fn ckey(key: &CounterKey) -> [u8; 16] {
-    let d = ring::digest::digest(&ring::digest::SHA256, key.doc_id().as_bytes());
-    let mut out = [0u8; 16];
-    out.copy_from_slice(&d.as_ref()[..16]);
-    out
+    ActorMark::counter_hash(key)
 }
 
 /// Claims the marks of the events of one request that carry `unique`, in
@@ -61,6 +70,8 @@ fn ckey(key: &CounterKey) -> [u8; 16] {
 /// A like inserts the `ever` mark and counts only if it was not there; an
 /// unlike deletes it and counts only if it was; a view inserts the mark of
 /// its day. Events of one request on one mark see each other in order.
+/// A mark made names its counter in `actor_mark_keys` (a lookup when the
+/// counter has one already).
 pub(super) fn claim(
     tx: &Connection,
     events: &[Increment],
@@ -80,6 +91,7 @@ pub(super) fn claim(
             "INSERT OR IGNORE INTO actor_day_marks (day, ckey, mark) VALUES (?1, ?2, ?3)",
         )
         .map_err(internal)?;
+    let mut named = tx.prepare_cached(NAME_KEY).map_err(internal)?;
     let mut repeats = 0;
     for (e, skip) in events.iter().zip(skip.iter_mut()) {
         let Some(u) = &e.unique else { continue };
@@ -96,9 +108,192 @@ pub(super) fn claim(
         if changed == 0 {
             *skip = true;
             repeats += 1;
+        } else if e.delta > 0 {
+            let k = &e.key;
+            named
+                .execute(params![&c[..], &*k.entity, &*k.action, &*k.uuid])
+                .map_err(internal)?;
         }
     }
     Ok(repeats)
+}
+
+/// Names the counter of a `ckey` (nothing when it is named already).
+const NAME_KEY: &str =
+    "INSERT OR IGNORE INTO actor_mark_keys (ckey, entity, action, uuid) VALUES (?1, ?2, ?3, ?4)";
+
+/// Gives a store whose marks were made before `actor_mark_keys` existed
+/// the rows naming their counters: one per counter (a mark's counter is
+/// among them; counters without marks cost a row each, once). Runs at
+/// open, inside its transaction; does nothing once the table has rows or
+/// when there are no marks (two lookups).
+pub(super) fn backfill_keys(tx: &Connection) -> Result<u64, StoreError> {
+    let any = |sql: &str| -> Result<bool, StoreError> {
+        tx.prepare(sql)
+            .and_then(|mut s| s.exists([]))
+            .map_err(internal)
+    };
+    if any("SELECT 1 FROM actor_mark_keys LIMIT 1")?
+        || !(any("SELECT 1 FROM actor_marks LIMIT 1")?
+            || any("SELECT 1 FROM actor_day_marks LIMIT 1")?)
+    {
+        return Ok(0);
+    }
+    let mut read = tx
+        .prepare("SELECT entity, action, uuid FROM counters")
+        .map_err(internal)?;
+    let mut rows = read.query([]).map_err(internal)?;
+    let mut named = tx.prepare_cached(NAME_KEY).map_err(internal)?;
+    let mut n = 0;
+    while let Some(r) = rows.next().map_err(internal)? {
+        let key = CounterKey {
+            entity: r.get::<_, String>(0).map_err(internal)?.into(),
+            action: r.get::<_, String>(1).map_err(internal)?.into(),
+            uuid: r.get::<_, String>(2).map_err(internal)?.into(),
+        };
+        n += named
+            .execute(params![
+                &ckey(&key)[..],
+                &*key.entity,
+                &*key.action,
+                &*key.uuid
+            ])
+            .map_err(internal)? as u64;
+    }
+    Ok(n)
+}
+
+/// Export: up to `limit` marks after `after` in the order of
+/// [`ActorMark::order`] (`ever` marks by `(ckey, mark)`, then `day` marks
+/// from `from_day` on by `(day, ckey, mark)`: each table's own key order,
+/// so a page is one range of each), read in one snapshot. A mark whose
+/// counter is not named (none should be) is left out.
+pub(super) fn page(
+    conn: &Connection,
+    after: Option<&ActorMark>,
+    limit: usize,
+    from_day: i64,
+) -> Result<Vec<ActorMark>, StoreError> {
+    let tx = conn.unchecked_transaction().map_err(internal)?;
+    let mut out = Vec::with_capacity(limit.min(10_000));
+    let blob16 = |v: Vec<u8>| -> rusqlite::Result<[u8; 16]> {
+        v.try_into().map_err(|_| {
+            rusqlite::Error::InvalidColumnType(
+                0,
+                "a 16-byte hash".into(),
+                rusqlite::types::Type::Blob,
+            )
+        })
+    };
+    let key_at = |r: &rusqlite::Row<'_>, at: usize| -> rusqlite::Result<CounterKey> {
+        Ok(CounterKey {
+            entity: r.get::<_, String>(at)?.into(),
+            action: r.get::<_, String>(at + 1)?.into(),
+            uuid: r.get::<_, String>(at + 2)?.into(),
+        })
+    };
+    let (day_from, day_ckey, day_mark) = match after {
+        Some(ActorMark {
+            day: Some(day),
+            key,
+            mark,
+            ..
+        }) => (*day, ckey(key).to_vec(), mark.0.to_vec()),
+        _ => {
+            let (c, m) = match after {
+                Some(a) => (ckey(&a.key).to_vec(), a.mark.0.to_vec()),
+                None => (Vec::new(), Vec::new()),
+            };
+            let mut s = tx
+                .prepare_cached(
+                    "SELECT m.mark, k.entity, k.action, k.uuid
+                     FROM actor_marks m JOIN actor_mark_keys k ON k.ckey = m.ckey
+                     WHERE (m.ckey, m.mark) > (?1, ?2)
+                     ORDER BY m.ckey, m.mark LIMIT ?3",
+                )
+                .map_err(internal)?;
+            let rows = s
+                .query_map(params![c, m, limit as i64], |r| {
+                    Ok(ActorMark {
+                        mark: Mark(blob16(r.get(0)?)?),
+                        key: key_at(r, 1)?,
+                        day: None,
+                        state: MarkState::Counted,
+                    })
+                })
+                .map_err(internal)?;
+            for r in rows {
+                out.push(r.map_err(internal)?);
+            }
+            if out.len() >= limit {
+                return Ok(out);
+            }
+            (from_day, Vec::new(), Vec::new())
+        }
+    };
+    let mut s = tx
+        .prepare_cached(
+            "SELECT d.day, d.mark, k.entity, k.action, k.uuid
+             FROM actor_day_marks d JOIN actor_mark_keys k ON k.ckey = d.ckey
+             WHERE (d.day, d.ckey, d.mark) > (?1, ?2, ?3) AND d.day >= ?4
+             ORDER BY d.day, d.ckey, d.mark LIMIT ?5",
+        )
+        .map_err(internal)?;
+    let rows = s
+        .query_map(
+            params![
+                day_from,
+                day_ckey,
+                day_mark,
+                from_day,
+                (limit - out.len()) as i64
+            ],
+            |r| {
+                Ok(ActorMark {
+                    day: Some(r.get(0)?),
+                    mark: Mark(blob16(r.get(1)?)?),
+                    key: key_at(r, 2)?,
+                    state: MarkState::Counted,
+                })
+            },
+        )
+        .map_err(internal)?;
+    for r in rows {
+        out.push(r.map_err(internal)?);
+    }
+    Ok(out)
+}
+
+/// Import: each mark set, inside the import's transaction. Set, not added:
+/// a mark there already stays one. A mark `retracting` on Elasticsearch is
+/// kept as counted (this store has no such state: it is what Elasticsearch
+/// reads it as once stale).
+pub(super) fn import(tx: &Connection, marks: &[ActorMark]) -> Result<(), StoreError> {
+    if marks.is_empty() {
+        return Ok(());
+    }
+    let mut like = tx
+        .prepare_cached("INSERT OR IGNORE INTO actor_marks (ckey, mark) VALUES (?1, ?2)")
+        .map_err(internal)?;
+    let mut view = tx
+        .prepare_cached(
+            "INSERT OR IGNORE INTO actor_day_marks (day, ckey, mark) VALUES (?1, ?2, ?3)",
+        )
+        .map_err(internal)?;
+    let mut named = tx.prepare_cached(NAME_KEY).map_err(internal)?;
+    for m in marks {
+        let c = ckey(&m.key);
+        match m.day {
+            None => like.execute(params![&c[..], &m.mark.0[..]]),
+            Some(day) => view.execute(params![day, &c[..], &m.mark.0[..]]),
+        }
+        .map_err(internal)?;
+        let k = &m.key;
+        named
+            .execute(params![&c[..], &*k.entity, &*k.action, &*k.uuid])
+            .map_err(internal)?;
+    }
+    Ok(())
 }
 
 /// Forgets every mark of a deleted counter, in the delete's transaction:
@@ -106,6 +301,8 @@ pub(super) fn claim(
 pub(super) fn forget(tx: &Connection, key: &CounterKey) -> Result<(), StoreError> {
     let c = ckey(key);
     tx.execute("DELETE FROM actor_marks WHERE ckey = ?1", [&c[..]])
+        .map_err(internal)?;
+    tx.execute("DELETE FROM actor_mark_keys WHERE ckey = ?1", [&c[..]])
         .map_err(internal)?;
     // Day marks are clustered by day: one range per kept day, a few hundred
     // seeks, rather than a scan of every view.

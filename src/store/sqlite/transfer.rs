@@ -181,6 +181,7 @@ pub(super) fn import(
             DaysOutcome::Incomplete { reason, .. } => return Err(StoreError::Internal(reason)),
         }
     }
+    super::marks::import(&tx, &batch.marks)?;
     tx.commit().map_err(internal)?;
     Ok(ImportOutcome::Applied)
 }
