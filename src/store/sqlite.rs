@@ -168,9 +168,10 @@ struct Writer {
 }
 
 /// Pending counters (with deltas not folded) past which a flush is
-/// followed by a chunk of folding; past [`PENDING_MAX`], by folding all.
-const FOLD_PENDING: usize = 32_768;
-const PENDING_MAX: usize = 131_072;
+/// followed by a chunk of folding. Past the same mark a flush writes the
+/// counters with nothing pending directly (`write::DIRECT_PENDING`), so the
+/// pending counters, all in memory, stay about this many.
+const FOLD_PENDING: usize = write::DIRECT_PENDING;
 /// Log entries (about 20 bytes each) past which a flush is followed by a
 /// chunk of folding, so the log stays a few megabytes however few the keys.
 const FOLD_LOGGED: usize = 200_000;
@@ -215,16 +216,15 @@ impl Writer {
     }
 
     /// After a flush: folds a chunk when the log or the pending counters
-    /// have grown past their marks, everything past [`PENDING_MAX`]. A
-    /// failure is logged, not returned: the flush it follows committed.
+    /// have grown past their marks. A failure is logged, not returned: the
+    /// flush it follows committed.
     fn fold_after_flush(&mut self) {
         if self.hold.held() {
             return;
         }
         let pending = self.hot.pending();
-        let result = if pending >= PENDING_MAX {
-            self.fold_all()
-        } else if self.pass.is_some() || pending >= FOLD_PENDING || self.logged >= FOLD_LOGGED {
+        let result = if self.pass.is_some() || pending >= FOLD_PENDING || self.logged >= FOLD_LOGGED
+        {
             self.fold_step().map(|_| ())
         } else {
             Ok(())
@@ -1619,6 +1619,92 @@ mod tests {
             .unwrap();
         assert_eq!(buckets, 3 * n as i64);
         drop(store);
+    }
+
+    /// A bulk load of distinct counters: once `DIRECT_PENDING` counters
+    /// have deltas in the log, the others (nothing pending) are written
+    /// directly, so the pending counters stop growing; every value, bucket
+    /// and read stays exact, and a counter already pending stays logged.
+    #[tokio::test]
+    async fn past_the_pending_mark_counters_are_written_directly() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = crate::domain::ManualClock::new(
+            chrono::DateTime::from_timestamp(DAY * 86_400 + 3600, 0).unwrap(),
+        );
+        let store = SqliteStore::open(
+            dir.path(),
+            Durability::Relaxed,
+            std::time::Duration::from_secs(60),
+            400,
+            clock.clock(),
+        )
+        .unwrap();
+        store.fold_hold().hold();
+        let n = write::DIRECT_PENDING + 500;
+        let uuid = |i: usize| format!("u{i:06}");
+        let batch = |events: Vec<Increment>| WriteBatch {
+            requests: vec![events],
+            wanted: Default::default(),
+        };
+        // Inserted whole (new), then touched twice more while they exist.
+        store
+            .apply(batch((0..n).map(|i| inc(&uuid(i), 1)).collect()))
+            .await
+            .unwrap();
+        assert_eq!(store.hot.pending(), 0);
+        store
+            .apply(batch((0..n).map(|i| inc(&uuid(i), 2)).collect()))
+            .await
+            .unwrap();
+        assert_eq!(store.hot.pending(), write::DIRECT_PENDING);
+        let logged: i64 = Connection::open(dir.path().join(DB_FILE))
+            .unwrap()
+            .query_row("SELECT count(*) FROM counter_log", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(logged, 1);
+        store
+            .apply(batch((0..n).map(|i| inc(&uuid(i), 4)).collect()))
+            .await
+            .unwrap();
+        assert_eq!(store.hot.pending(), write::DIRECT_PENDING);
+        let raw = |u: &str| -> (i64, i64) {
+            Connection::open(dir.path().join(DB_FILE))
+                .unwrap()
+                .query_row(
+                    "SELECT c.value, b.value FROM counters c JOIN buckets b ON b.cid = c.cid
+                     WHERE c.uuid = ?1 AND b.day = ?2",
+                    params![u, DAY],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .unwrap()
+        };
+        // Logged ones: the row still holds the insert; direct ones: all.
+        assert_eq!(raw(&uuid(0)), (1, 1));
+        assert_eq!(raw(&uuid(n - 1)), (7, 7));
+        for i in [0, write::DIRECT_PENDING - 1, write::DIRECT_PENDING, n - 1] {
+            let key = CounterKey::new("VIDEO", "VIEW", &uuid(i)).unwrap();
+            assert_eq!(store.get(&key).await.unwrap().unwrap().value, 7, "{i}");
+            let days = store
+                .histogram(
+                    &key,
+                    Window {
+                        from_day: DAY,
+                        to_day: DAY,
+                    },
+                )
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(days, [Bucket { day: DAY, value: 7 }], "{i}");
+        }
+        store.catch_up().await.unwrap();
+        assert_eq!(store.hot.pending(), 0);
+        assert_eq!(raw(&uuid(0)), (7, 7));
+        let total: i64 = Connection::open(dir.path().join(DB_FILE))
+            .unwrap()
+            .query_row("SELECT sum(value) FROM buckets", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(total, 7 * n as i64);
     }
 
     fn crash_copy(from: &Path, to: &Path) {

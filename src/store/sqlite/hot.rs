@@ -107,6 +107,11 @@ impl Hot {
         self.index.len()
     }
 
+    /// At least [`HOT_CAP`] counters are kept.
+    pub fn is_full(&self) -> bool {
+        self.index.len() >= HOT_CAP
+    }
+
     /// Sets the state of `key`, into `slot` when [`Hot::slot`] found it
     /// there (nothing has changed the slots since), else into a new slot.
     pub fn put(&mut self, slot: Option<usize>, key: CounterKey, entry: Entry) {
