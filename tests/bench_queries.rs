@@ -68,10 +68,11 @@ async fn first_queries(store: &dyn Store, q: &TopQuery, moment: &str, n: usize) 
     }
 }
 
-/// Waits (up to `BENCH_WAIT_SECS`) until the change logs are empty and every
-/// window ends on `today` with no roll under way, reading the database
-/// file on its own connection (no query of the store, which would fold
-/// itself); prints how long the background took.
+/// Waits (up to `BENCH_WAIT_SECS`) until the change log is folded, every
+/// window total memory held is written back (`windows_dirty` is empty) and
+/// the kept totals end on `today` with the table of the day after complete,
+/// reading the database file on its own connection (no query of the
+/// store); prints how long the background took.
 async fn wait_for_background(db: &std::path::Path, today: i64, what: &str) {
     let limit: u64 = std::env::var("BENCH_WAIT_SECS")
         .ok()
@@ -82,9 +83,9 @@ async fn wait_for_background(db: &std::path::Path, today: i64, what: &str) {
     loop {
         let (log, behind): (i64, i64) = conn
             .query_row(
-                "SELECT (SELECT count(*) FROM bucket_log) + (SELECT count(*) FROM counter_log),
-                        (SELECT count(*) FROM window_state WHERE anchor <> ?1 OR cursor <> 0)",
-                [today],
+                "SELECT (SELECT count(*) FROM windows_dirty) + (SELECT count(*) FROM counter_log),
+                        (SELECT count(*) FROM windows_state WHERE anchor <> ?1 OR copied <> ?2)",
+                [today, i64::MAX],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .unwrap();
@@ -96,7 +97,7 @@ async fn wait_for_background(db: &std::path::Path, today: i64, what: &str) {
             return;
         }
         if started.elapsed() > Duration::from_secs(limit) {
-            println!("background {what}: not done after {limit} s ({log} log rows, {behind} windows behind)");
+            println!("background {what}: not done after {limit} s ({log} log rows and counters held in memory, {behind} windows behind)");
             return;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;

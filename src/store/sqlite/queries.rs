@@ -6,7 +6,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::internal;
-use super::rollup::{join, split_sum};
+use super::windows::{join, split_sum};
 use crate::domain::AverageDelta;
 use crate::domain::{Counter, CounterKey, Window};
 use crate::store::{
@@ -210,7 +210,7 @@ fn overflowed(e: &rusqlite::Error) -> bool {
 /// seek into the buckets per counter, ten times slower at 1M.
 ///
 /// `exact`: the sums in 32-bit halves, carried into the kept totals' pair
-/// (`hi · 2^62 + lo`, `rollup::join`) and ordered the same way, exact past i64. That costs
+/// (`hi · 2^62 + lo`, `windows::join`) and ordered the same way, exact past i64. That costs
 /// about a quarter more on every list, so it is asked for only once a plain
 /// `sum()` has failed on a counter whose days leave i64.
 fn summed_top(
@@ -437,7 +437,7 @@ pub(super) fn top_averages(
 }
 
 /// `exact` (a window only): sums and quantities as the kept totals' pairs
-/// (`hi · 2^62 + lo`, `rollup::join`), ordered by the quotient of their doubles as the plain
+/// (`hi · 2^62 + lo`, `windows::join`), ordered by the quotient of their doubles as the plain
 /// query orders by `CAST(s AS REAL) / n`, then by quantity.
 fn ranked_averages(
     conn: &Connection,

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::hot::{self, Day, Entry, Hot};
+use super::windows::{self, memory::Sums};
 
 /// Pending counters (with deltas in the log) past which a counter with none
 /// is written directly instead of logged; see the module documentation.
@@ -38,6 +39,9 @@ struct Touch {
     new: bool,
     /// Written directly (row and buckets set), not logged.
     direct: bool,
+    /// Its window totals as the flush leaves them (`None`: the totals are
+    /// not kept now, a rebuild is due).
+    windows: Option<Sums>,
     /// What this flush logs of an existing counter: its delta per day, and
     /// the category, first and last touch it brings.
     deltas: Vec<(i64, i128)>,
@@ -213,6 +217,7 @@ impl<'h> Flush<'h> {
                 }
             }
         }
+        self.windows(tx)?;
         if blob.is_empty() {
             return Ok(0);
         }
@@ -233,6 +238,47 @@ impl<'h> Flush<'h> {
             }
         }
         Ok(seq)
+    }
+
+    /// The window totals each counter written has after the flush: from
+    /// memory when it holds them, else from the kept rows, which leave the
+    /// tables (`windows::take_rows`) while memory holds the counter.
+    fn windows(&mut self, tx: &Connection) -> Result<(), StoreError> {
+        let (state, held): (_, Vec<Option<Sums>>) = {
+            let hot = self.hot.lock();
+            let Some(state) = hot.windows.state else {
+                return Ok(());
+            };
+            let held = self
+                .touched
+                .iter()
+                .map(|t| {
+                    (!t.deltas.is_empty())
+                        .then(|| hot.windows.get(t.entry.cid))
+                        .flatten()
+                })
+                .collect();
+            (state, held)
+        };
+        for (t, held) in self.touched.iter_mut().zip(held) {
+            if t.deltas.is_empty() {
+                continue;
+            }
+            let mut sums = match held {
+                Some(s) => s,
+                // Every bucket of a new counter is in this flush.
+                None if t.new => {
+                    windows::mark_dirty(tx, t.entry.cid)?;
+                    Sums::none()
+                }
+                None => windows::take_rows(tx, &state, t.entry.cid)?,
+            };
+            for &(day, delta) in &t.deltas {
+                sums.add(&state, day, delta);
+            }
+            t.windows = Some(sums);
+        }
+        Ok(())
     }
 
     /// The counters written, no longer borrowing the writer's memory.
@@ -281,6 +327,10 @@ impl Written {
     /// and a bulk load would only churn memory.
     pub fn publish(self, hot: &mut Hot) {
         for t in self.0 {
+            if let Some(sums) = &t.windows {
+                hot.windows
+                    .put(t.entry.cid, &t.key, t.entry.category.as_ref(), sums);
+            }
             if t.slot.is_none() && t.entry.pending_seq == 0 && hot.is_full() {
                 continue;
             }
@@ -353,6 +403,7 @@ fn touch(kd: &KeyDelta, slot: Option<usize>, found: Option<Entry>) -> Touch {
         entry,
         new,
         direct: false,
+        windows: None,
         deltas: Vec::new(),
         category: None,
         first_ms: i64::MAX,
@@ -428,7 +479,6 @@ fn bucket(tx: &Connection, cid: i64, day: i64) -> Result<i64, StoreError> {
 struct NewRows<'c> {
     counter: rusqlite::CachedStatement<'c>,
     bucket: rusqlite::CachedStatement<'c>,
-    window_log: rusqlite::CachedStatement<'c>,
 }
 
 impl<'c> NewRows<'c> {
@@ -442,10 +492,6 @@ impl<'c> NewRows<'c> {
                 .map_err(internal)?,
             bucket: tx
                 .prepare_cached("INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)")
-                .map_err(internal)?,
-            // The window totals learn of new buckets as of any other delta.
-            window_log: tx
-                .prepare_cached("INSERT INTO bucket_log (cid, day, delta) VALUES (?1, ?2, ?3)")
                 .map_err(internal)?,
         })
     }
@@ -471,9 +517,6 @@ impl<'c> NewRows<'c> {
         self.bucket
             .execute(params![day, cid, value])
             .map_err(internal)?;
-        self.window_log
-            .execute(params![cid, day, value])
-            .map_err(internal)?;
         Ok(())
     }
 }
@@ -483,7 +526,6 @@ impl<'c> NewRows<'c> {
 struct DirectRows<'c> {
     counter: rusqlite::CachedStatement<'c>,
     bucket: rusqlite::CachedStatement<'c>,
-    window_log: rusqlite::CachedStatement<'c>,
 }
 
 impl<'c> DirectRows<'c> {
@@ -501,16 +543,12 @@ impl<'c> DirectRows<'c> {
                      ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
                 )
                 .map_err(internal)?,
-            window_log: tx
-                .prepare_cached("INSERT INTO bucket_log (cid, day, delta) VALUES (?1, ?2, ?3)")
-                .map_err(internal)?,
         })
     }
 
     /// Sets the row and the touched buckets of `t` to the state the flush
     /// leaves (exact: the counter has nothing pending, so its row and
-    /// buckets were exact when read), and logs the deltas for the window
-    /// totals.
+    /// buckets were exact when read).
     fn write(&mut self, t: &Touch) -> Result<(), StoreError> {
         let e = &t.entry;
         self.counter
@@ -522,18 +560,13 @@ impl<'c> DirectRows<'c> {
                 e.recorded_ms
             ])
             .map_err(internal)?;
-        for &(day, delta) in &t.deltas {
+        for &(day, _) in &t.deltas {
             let value = e
                 .day(day)
                 .ok_or_else(|| super::internal_msg("a direct write lacks the bucket it changed"))?;
             self.bucket
                 .execute(params![day, e.cid, value])
                 .map_err(internal)?;
-            for part in super::backfill::split(delta) {
-                self.window_log
-                    .execute(params![e.cid, day, part])
-                    .map_err(internal)?;
-            }
         }
         Ok(())
     }
