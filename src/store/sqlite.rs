@@ -462,9 +462,11 @@ impl BlockingWrites for Writes {
 }
 
 /// A hook for tests: while held, the change log is folded only where a
-/// read needs it (lists, reports, deletes, backfills), so a test can read
-/// counters whose deltas are logged and not folded, or leave them in the
-/// log at a crash.
+/// read needs it (lists, reports, deletes, backfills), window totals stay
+/// in memory, and the table of the day after is not filled (but by
+/// [`SqliteStore::catch_up`]), so a test can read counters whose deltas are
+/// logged and not folded or whose totals only memory holds, cross midnight
+/// before the copy is done, or leave all that to a crash.
 #[derive(Clone, Debug, Default)]
 pub struct FoldHold(Arc<std::sync::atomic::AtomicBool>);
 

@@ -293,9 +293,10 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
     // The window totals' own work first: the day's flip and the copy of the
     // day after, or a rebuild when they are not kept. In every turn, busy
     // or not: the copy must be complete by midnight.
-    let mut left = run("the window totals' day work", &mut |w| {
-        w.windows_step(today)
-    });
+    let mut left = !held
+        && run("the window totals' day work", &mut |w| {
+            w.windows_step(today)
+        });
     // Once flushes pause: the change log folded, then the window totals
     // memory holds written back, so that memory empties and reports find
     // the log done.
