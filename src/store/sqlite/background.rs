@@ -291,11 +291,12 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
         }
     };
     // The window totals' own work first: the day's flip and the copy of the
-    // day after, or a rebuild when they are not kept. In every turn, busy
-    // or not: the copy must be complete by midnight.
+    // day after, in every turn, busy or not (the copy must be complete by
+    // midnight); a rebuild when they are not kept, once flushes pause (it
+    // holds the writer for seconds at hundreds of thousands of counters).
     let mut left = !held
         && run("the window totals' day work", &mut |w| {
-            w.windows_step(today)
+            w.windows_step(today, !busy)
         });
     // Once flushes pause: the change log folded, then the window totals
     // memory holds written back, so that memory empties and reports find
@@ -304,6 +305,9 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
         left = run("folding the change log", &mut |w| w.fold_step());
         if !left {
             left = run("writing window totals back", &mut |w| {
+                if w.write_back_bulk()? {
+                    return Ok(true);
+                }
                 w.write_back(super::WINDOWS_CHUNK).map(|n| n > 0)
             });
         }
@@ -311,7 +315,10 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
     if left {
         nothing_to_do = false;
         *hurry = !busy;
-    } else if job.hot.pending() > 0 || job.hot.lock().windows.len() > 0 {
+    } else if job.hot.pending() > 0 || {
+        let held = job.hot.lock();
+        held.windows.len() > 0 || held.windows.state.is_none()
+    } {
         // Left for when flushes pause (or the hold is released).
         nothing_to_do = false;
     }

@@ -667,14 +667,9 @@ pub(super) fn rebuild(tx: &Connection, today: i64) -> Result<State, StoreError> 
         parity: 0,
         copied: COMPLETE,
     };
-    let mut sql = String::from("DELETE FROM windows_dirty;");
-    for t in TABLES {
-        sql.push_str(&format!("DELETE FROM {t};"));
-        for len in LENGTHS {
-            sql.push_str(&format!("DROP INDEX IF EXISTS {t}_{len};"));
-        }
-    }
-    tx.execute_batch(&sql).map_err(internal)?;
+    tx.execute_batch("DELETE FROM windows_dirty; DELETE FROM windows_a; DELETE FROM windows_b;")
+        .map_err(internal)?;
+    drop_indexes(tx)?;
     {
         let mut buckets = tx
             .prepare(
@@ -725,13 +720,36 @@ pub(super) fn rebuild(tx: &Connection, today: i64) -> Result<State, StoreError> 
             flush(&h)?;
         }
     }
-    let mut sql = String::new();
-    for t in TABLES {
-        sql.push_str(&indexes(t));
-    }
-    tx.execute_batch(&sql).map_err(internal)?;
+    create_indexes(tx)?;
     save_state(tx, &state)?;
     Ok(state)
+}
+
+/// Drops the top indexes of both tables, before writing rows in bulk.
+pub(super) fn drop_indexes(tx: &Connection) -> Result<(), StoreError> {
+    let mut sql = String::new();
+    for t in TABLES {
+        for len in LENGTHS {
+            sql.push_str(&format!("DROP INDEX IF EXISTS {t}_{len};"));
+        }
+    }
+    tx.execute_batch(&sql).map_err(internal)
+}
+
+/// Builds the top indexes of both tables again (one sort each).
+pub(super) fn create_indexes(tx: &Connection) -> Result<(), StoreError> {
+    let sql: String = TABLES.iter().map(|t| indexes(t)).collect();
+    tx.execute_batch(&sql).map_err(internal)
+}
+
+/// Rows in the current table (a scan of its smallest index).
+pub(super) fn rows(conn: &Connection, state: &State) -> Result<i64, StoreError> {
+    conn.query_row(
+        &format!("SELECT count(*) FROM {}", state.table(Side::Cur)),
+        [],
+        |r| r.get(0),
+    )
+    .map_err(internal)
 }
 
 /// The top list of the named window `w` (index in [`LENGTHS`]) ending on
