@@ -321,8 +321,8 @@ async fn a_database_without_window_totals_is_back_filled_at_open() {
     );
 }
 
-/// More counters on one day than a roll-up step handles, so the day that
-/// leaves is subtracted in several chunks.
+/// More counters on one day than a chunk of the copy of the day after
+/// takes, so the day that leaves is subtracted in several chunks.
 #[tokio::test]
 async fn a_day_of_many_counters_rolls_in_chunks() {
     let t = t0();

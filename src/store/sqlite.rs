@@ -126,7 +126,7 @@ pub struct SqliteStore {
     /// Gives the UTC day the named windows end on and the time idempotency
     /// ids are claimed at.
     clock: Clock,
-    /// When the last flush committed: the background roll-up yields to a
+    /// When the last flush committed: the background's folding yields to a
     /// busy write path.
     last_write: Arc<Idle>,
     /// The kept idempotency ids as last counted by the background; held

@@ -136,7 +136,7 @@ pub(super) fn set_days_in(
 
 /// A difference of two i64 values as log deltas that each fit i64: one
 /// almost always, up to three when it leaves the range (`MAX - MIN` is
-/// `MAX + MAX + 1`); the roll-up sums them exactly.
+/// `MAX + MAX + 1`); the fold sums them exactly.
 pub(super) fn split(diff: i128) -> Vec<i64> {
     let mut parts = Vec::with_capacity(1);
     let mut rest = diff;

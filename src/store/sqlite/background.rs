@@ -116,7 +116,7 @@ static WORKER: Mutex<Option<Arc<Queue>>> = Mutex::new(None);
 pub(super) fn register(job: Job) {
     let Ok(mut worker) = WORKER.lock() else {
         tracing::warn!(
-            "no background expiry and roll-up (queries catch up themselves): worker lock poisoned"
+            "no background expiry, folding or copy of the window totals: worker lock poisoned"
         );
         return;
     };
@@ -132,9 +132,7 @@ pub(super) fn register(job: Job) {
         {
             Ok(_) => *worker = Some(queue),
             Err(e) => {
-                tracing::warn!(
-                    "no background expiry and roll-up (queries catch up themselves): {e}"
-                );
+                tracing::warn!("no background expiry, folding or copy of the window totals: {e}");
                 return;
             }
         }
@@ -230,7 +228,7 @@ fn turn(e: &mut Entry) -> bool {
 /// The work of a full turn, with the writer held (as a flush holds it: the
 /// last write read here is exact). Returns the conditions of a quiet store
 /// when there was nothing to do.
-/// `hurry` is set when the roll-up ran without flushes coming and is not done.
+/// `hurry` is set when work ran without flushes coming and is not done.
 fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Option<Quiet> {
     let write_ms = job.idle.last_write_ms();
     let today = job.clock.today();
