@@ -1602,12 +1602,27 @@ impl Store for SqliteStore {
         .await
     }
 
-    /// A named window ending today: the kept totals merged with memory,
-    /// exact as of now whatever is folded or written back (see `windows`).
-    /// Otherwise (all time, a `from`/`to` range, the kept totals not ending
-    /// today), the change log is folded and the rows read.
+    /// All time: the rows merged with the values memory holds of the
+    /// counters whose rows miss deltas. A named window ending today: the
+    /// kept totals merged with memory. Both exact as of now whatever is
+    /// folded or written back (see `windows`). Otherwise (a `from`/`to`
+    /// range, the kept totals not ending today or not kept), the change log
+    /// is folded and the rows read.
     async fn top(&self, query: &TopQuery) -> Result<TopList, StoreError> {
         let today = self.today();
+        if query.window.is_none() {
+            let q = query.clone();
+            let hot = self.hot.clone();
+            let merged = self
+                .with_reader(move |c| queries::top_all_time(c, &hot.lock(), &q))
+                .await?;
+            if let Some(entries) = merged {
+                return Ok(TopList {
+                    entries,
+                    exact: true,
+                });
+            }
+        }
         if let Some(w) = query.window.and_then(|w| windows::named(w, today)) {
             let q = query.clone();
             let hot = self.hot.clone();

@@ -232,6 +232,7 @@ impl Hot {
                     e.days.retain(|d| d.day == latest);
                 }
                 self.pending -= 1;
+                self.windows.unpend(cid);
             }
         }
     }

@@ -328,8 +328,14 @@ impl Written {
     pub fn publish(self, hot: &mut Hot) {
         for t in self.0 {
             if let Some(sums) = &t.windows {
-                hot.windows
-                    .put(t.entry.cid, &t.key, t.entry.category.as_ref(), sums);
+                hot.windows.put(
+                    t.entry.cid,
+                    &t.key,
+                    t.entry.category.as_ref(),
+                    sums,
+                    t.entry.value,
+                    t.entry.pending_seq != 0,
+                );
             }
             if t.slot.is_none() && t.entry.pending_seq == 0 && hot.is_full() {
                 continue;

@@ -11,8 +11,12 @@
 //! - Stored by column: a scan for one window of one pair reads the pair ids,
 //!   the membership bits and that window's totals, a few megabytes at
 //!   300,000 counters (under a millisecond), not every counter's state.
-//! - Bounded by the store (`Writer::write_back_after_flush`); the entries
-//!   are about 200 bytes each.
+//! - It also holds each counter's value and whether its row misses deltas
+//!   (pending in the change log): every such counter is here, so an
+//!   all-time list is the `counters_top` walk, skipping those rows, merged
+//!   with them, without folding first.
+//! - Bounded by the store (`Writer::fold_after_flush`); the entries are
+//!   about 250 bytes each.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
@@ -112,6 +116,9 @@ pub(in crate::store::sqlite) struct Memory {
     member: Vec<u8>,
     /// The totals ending on the day after are known.
     known: Vec<bool>,
+    /// The counter's value, and whether its row misses deltas of the change log.
+    value: Vec<i64>,
+    pending: Vec<bool>,
     cur: [Vec<i128>; 4],
     next: [Vec<i128>; 4],
     pairs: Interner<(Arc<str>, Arc<str>)>,
@@ -175,8 +182,17 @@ impl Memory {
         }
     }
 
-    /// Sets the totals and category of `key` (counter `cid`).
-    pub fn put(&mut self, cid: i64, key: &CounterKey, category: Option<&Arc<str>>, sums: &Sums) {
+    /// Sets the totals, category, value and pending state of `key`
+    /// (counter `cid`).
+    pub fn put(
+        &mut self,
+        cid: i64,
+        key: &CounterKey,
+        category: Option<&Arc<str>>,
+        sums: &Sums,
+        value: i64,
+        pending: bool,
+    ) {
         let cat = category.map_or(0, |c| 1 + self.cats.id(c));
         let i = match self.by_cid.get(&cid) {
             Some(&i) => i as usize,
@@ -190,6 +206,8 @@ impl Memory {
                 self.uuid.push(key.uuid.clone());
                 self.member.push(0);
                 self.known.push(false);
+                self.value.push(0);
+                self.pending.push(false);
                 for col in self.cur.iter_mut().chain(self.next.iter_mut()) {
                     col.push(0);
                 }
@@ -197,6 +215,8 @@ impl Memory {
             }
         };
         self.cat[i] = cat;
+        self.value[i] = value;
+        self.pending[i] = pending;
         let mut m = 0u8;
         for w in 0..4 {
             if let Some(v) = sums.cur[w] {
@@ -233,6 +253,13 @@ impl Memory {
         self.known[i] = true;
     }
 
+    /// The row of `cid` holds every delta now (folded).
+    pub fn unpend(&mut self, cid: i64) {
+        if let Some(&i) = self.by_cid.get(&cid) {
+            self.pending[i as usize] = false;
+        }
+    }
+
     /// Forgets `cid` (its rows were written, or it is gone).
     pub fn remove(&mut self, cid: i64) {
         let Some(i) = self.by_cid.remove(&cid) else {
@@ -245,6 +272,8 @@ impl Memory {
         self.uuid.swap_remove(i);
         self.member.swap_remove(i);
         self.known.swap_remove(i);
+        self.value.swap_remove(i);
+        self.pending.swap_remove(i);
         for col in self.cur.iter_mut().chain(self.next.iter_mut()) {
             col.swap_remove(i);
         }
@@ -252,10 +281,30 @@ impl Memory {
             self.by_cid.insert(self.cid[i], i as u32);
         }
         if self.cid.is_empty() {
-            // Names of pairs and categories no counter here uses any more.
-            self.pairs = Interner::default();
-            self.cats = Interner::default();
+            // The columns' room and the names of pairs and categories no
+            // counter here uses any more: a bulk load's worth of memory
+            // goes back once written.
+            self.clear();
+        } else if self.cid.len() * 4 < self.cid.capacity() && self.cid.capacity() > 4096 {
+            self.shrink();
         }
+    }
+
+    /// Gives back the room of the columns down to twice what they hold.
+    fn shrink(&mut self) {
+        let room = self.cid.len() * 2;
+        self.cid.shrink_to(room);
+        self.pair.shrink_to(room);
+        self.cat.shrink_to(room);
+        self.uuid.shrink_to(room);
+        self.member.shrink_to(room);
+        self.known.shrink_to(room);
+        self.value.shrink_to(room);
+        self.pending.shrink_to(room);
+        for col in self.cur.iter_mut().chain(self.next.iter_mut()) {
+            col.shrink_to(room);
+        }
+        self.by_cid.shrink_to(room);
     }
 
     /// Forgets every counter (the tables are rebuilt from the buckets).
@@ -305,18 +354,62 @@ impl Memory {
             Side::Cur => (&self.cur[w], 1u8 << w),
             Side::Next => (&self.next[w], 1u8 << (4 + w)),
         };
+        if side == Side::Next
+            && (0..self.cid.len()).any(|i| {
+                self.pair[i] == pair
+                    && (cat.is_none() || cat == Some(self.cat[i]))
+                    && !self.known[i]
+            })
+        {
+            return None;
+        }
+        Some(self.best(pair, cat, n, |i| {
+            (self.member[i] & bit != 0).then(|| col[i])
+        }))
+    }
+
+    /// The best `n` counters by value (all time) among those whose rows
+    /// miss deltas, for the pair and category asked.
+    pub fn top_pending(
+        &self,
+        entity: &str,
+        action: &str,
+        category: Option<&str>,
+        n: usize,
+    ) -> Vec<TopEntry> {
+        let Some(pair) = self.pairs.get(&(Arc::from(entity), Arc::from(action))) else {
+            return Vec::new();
+        };
+        let cat = match category {
+            None => None,
+            Some(c) => match self.cats.get(&Arc::from(c)) {
+                Some(id) => Some(id + 1),
+                None => return Vec::new(),
+            },
+        };
+        self.best(pair, cat, n, |i| {
+            self.pending[i].then(|| i128::from(self.value[i]))
+        })
+    }
+
+    /// The best `n` of the counters of `pair` (and category `cat`) that
+    /// `value` gives a value, value descending then uuid ascending.
+    fn best(
+        &self,
+        pair: u32,
+        cat: Option<u32>,
+        n: usize,
+        value: impl Fn(usize) -> Option<i128>,
+    ) -> Vec<TopEntry> {
         // The worst of the best `n` on top.
         let mut best: BinaryHeap<Candidate<'_>> = BinaryHeap::with_capacity(n + 1);
-        for (i, &value) in col.iter().enumerate() {
+        for i in 0..self.cid.len() {
             if self.pair[i] != pair || cat.is_some_and(|c| self.cat[i] != c) {
                 continue;
             }
-            if side == Side::Next && !self.known[i] {
-                return None;
-            }
-            if self.member[i] & bit == 0 {
+            let Some(value) = value(i) else {
                 continue;
-            }
+            };
             if best.len() == n {
                 let worst = best.peek().map_or(i128::MIN, |c| c.value);
                 if value < worst {
@@ -334,15 +427,13 @@ impl Memory {
         }
         let mut out: Vec<Candidate<'_>> = best.into_vec();
         out.sort();
-        Some(
-            out.into_iter()
-                .map(|c| TopEntry {
-                    uuid: c.uuid.to_string(),
-                    value: c.value,
-                    category: self.category(c.at).map(|c| c.to_string()),
-                })
-                .collect(),
-        )
+        out.into_iter()
+            .map(|c| TopEntry {
+                uuid: c.uuid.to_string(),
+                value: c.value,
+                category: self.category(c.at).map(|c| c.to_string()),
+            })
+            .collect()
     }
 }
 
@@ -420,7 +511,7 @@ mod tests {
             sums.add(&s, 100, v);
             sums.add(&s, 101, 10 * v);
             let cat = (i % 2 == 0).then_some(&sports);
-            m.put(i as i64 + 1, &key(&format!("u{i}")), cat, &sums);
+            m.put(i as i64 + 1, &key(&format!("u{i}")), cat, &sums, 0, false);
         }
         let top = |m: &Memory, cat: Option<&str>, side, n| -> Vec<(String, i128)> {
             m.top("E", "A", cat, 1, side, n)
