@@ -8,6 +8,7 @@
 #   BENCH_ONLY=es scripts/bench.sh   # only the Elasticsearch write path (local sink)
 #   BENCH_ONLY=node scripts/bench.sh # only the Elasticsearch store on a real OpenSearch node
 #   BENCH_ONLY=embedded scripts/bench.sh # only the embedded store's table (SPEC §5 ratios)
+#   BENCH_BIN=path/to/counter-gateway scripts/bench.sh # measure another build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,8 +24,14 @@ if ! need wrk || ! need redis-server || ! need redis-benchmark; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk redis-server redis-tools >/dev/null
 fi
 
-cargo build --release --locked --quiet
-BIN=target/release/counter-gateway
+# BENCH_BIN: another build of the gateway to measure (e.g. one of an
+# earlier commit), instead of building this tree's release binary.
+if [ -n "${BENCH_BIN:-}" ]; then
+  BIN=$BENCH_BIN
+else
+  cargo build --release --locked --quiet
+  BIN=target/release/counter-gateway
+fi
 
 work=$(mktemp -d)
 pids=()

@@ -4,39 +4,28 @@
 //! The writer connection is the one the flusher applies flushes on, so a
 //! set runs between two flushes: an increment committed before it is in the
 //! bucket it reads and replaces, one committed after it adds to the new
-//! value, and none is lost or counted twice. Each changed bucket appends its
-//! difference to `bucket_log`, as a flush appends its deltas, so the kept
-//! window totals (`rollup`) fold it like any increment and windowed top
-//! lists stay exact. A bucket set to the value it holds changes nothing
-//! and logs nothing; a new bucket logs even a 0, since being in a window's
-//! totals follows having a bucket there.
+//! value, and none is lost or counted twice. The counters it sets have
+//! their window totals recomputed from their buckets in the same
+//! transaction (`windows::recompute`, called by the store), so windowed
+//! top lists stay exact.
 
 use std::collections::HashMap;
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{internal, read_counter};
 use crate::domain::{Counter, CounterKey, DaySet};
 use crate::store::{DaysOutcome, StoreError};
 
-/// Applies `sets` in one transaction, or nothing of them when a counter
-/// would leave the signed 64-bit range (the transaction is then dropped).
-/// Commits without syncing: the caller fsyncs before answering.
-pub(super) fn set_days(conn: &mut Connection, sets: &[DaySet]) -> Result<DaysOutcome, StoreError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(internal)?;
-    let out = set_days_in(&tx, sets)?;
-    if matches!(out, DaysOutcome::Applied { .. }) {
-        tx.commit().map_err(internal)?;
-    }
-    Ok(out)
-}
-
-/// [`set_days`] inside a transaction the caller holds (an import sets its
-/// day records in the transaction of its batch). On `Overflow` part of the
-/// sets may be written: the caller rolls back.
-pub(super) fn set_days_in(tx: &Connection, sets: &[DaySet]) -> Result<DaysOutcome, StoreError> {
+/// Sets the day buckets of `sets` inside a transaction the caller holds
+/// (a backfill's own, or an import's for the day records of its batch),
+/// and pushes the counters it changed onto `cids`. On `Overflow` part of
+/// the sets may be written: the caller rolls back.
+pub(super) fn set_days_in(
+    tx: &Connection,
+    sets: &[DaySet],
+    cids: &mut Vec<i64>,
+) -> Result<DaysOutcome, StoreError> {
     // The sets of each counter, in the order the counters first appear.
     let mut groups: Vec<(&CounterKey, Vec<usize>)> = Vec::new();
     let mut at: HashMap<&CounterKey, usize> = HashMap::new();
@@ -71,9 +60,6 @@ pub(super) fn set_days_in(tx: &Connection, sets: &[DaySet]) -> Result<DaysOutcom
                 "INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)
                  ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
             )
-            .map_err(internal)?;
-        let mut log = tx
-            .prepare_cached("INSERT INTO bucket_log (cid, day, delta) VALUES (?1, ?2, ?3)")
             .map_err(internal)?;
         let mut update = tx
             .prepare_cached(
@@ -121,7 +107,7 @@ pub(super) fn set_days_in(tx: &Connection, sets: &[DaySet]) -> Result<DaysOutcom
                 previous[i] = old.unwrap_or(0);
                 total += i128::from(s.value) - i128::from(previous[i]);
                 if old != Some(s.value) {
-                    changes.push((i, i128::from(s.value) - i128::from(previous[i])));
+                    changes.push(i);
                 }
             }
             let Ok(total) = i64::try_from(total) else {
@@ -129,17 +115,13 @@ pub(super) fn set_days_in(tx: &Connection, sets: &[DaySet]) -> Result<DaysOutcom
                     index: *idx.last().unwrap_or(&0),
                 });
             };
-            for (i, diff) in changes {
+            for i in changes {
                 let s = &sets[i];
                 put_bucket
                     .execute(params![s.day, cid, s.value])
                     .map_err(internal)?;
-                // Each bucket fits i64, so their difference fits i128 and
-                // is logged in two rows when it does not fit one.
-                for part in split(diff) {
-                    log.execute(params![cid, s.day, part]).map_err(internal)?;
-                }
             }
+            cids.push(cid);
             let category = idx.iter().rev().find_map(|&i| sets[i].category.clone());
             let counter: Counter = update
                 .query_row(params![cid, total, category.as_deref(), first, last], |r| {
@@ -154,7 +136,7 @@ pub(super) fn set_days_in(tx: &Connection, sets: &[DaySet]) -> Result<DaysOutcom
 
 /// A difference of two i64 values as log deltas that each fit i64: one
 /// almost always, up to three when it leaves the range (`MAX - MIN` is
-/// `MAX + MAX + 1`); the roll-up sums them exactly.
+/// `MAX + MAX + 1`); the fold sums them exactly.
 pub(super) fn split(diff: i128) -> Vec<i64> {
     let mut parts = Vec::with_capacity(1);
     let mut rest = diff;

@@ -1,8 +1,9 @@
 //! The one background worker of every embedded store in the process: a
 //! single thread that gives each open store a turn in round-robin order
 //! (idempotency-id expiry, id counting, bucket and day-mark retention,
-//! folding the change log once flushes pause, window roll-up), so that
-//! 1,000 tenants cost one thread, not 1,000.
+//! folding the change log and writing window totals back once flushes
+//! pause, the window totals' copy of the day after), so that 1,000 tenants
+//! cost one thread, not 1,000.
 //!
 //! Why this shape:
 //! - The worker holds only weak references to a store's connections: a
@@ -27,28 +28,24 @@ use std::sync::{Arc, Condvar, Mutex, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use super::hot;
-use super::{count_ids, expire_buckets, expire_ids, first_kept_day, rollup, Idle, Readers, Writer};
+use super::{count_ids, expire_buckets, expire_ids, first_kept_day, Idle, Readers, Writer};
 use crate::domain::Clock;
 
 /// How often each store gets its turn, and how long a turn may hold the
-/// writer for the roll-up: flushes wait at most this long, and a windowed
-/// query catches up the rest itself.
+/// writer for folding, writing window totals back and the copy of the day
+/// after: flushes wait at most about this long.
 const ROLLUP_EVERY: Duration = Duration::from_millis(500);
 const ROLLUP_BUDGET: Duration = Duration::from_millis(50);
-/// A store with no flush for [`ROLLUP_QUIET_MS`] whose roll-up is not done
-/// (a backlog, a day change over many counters) gets its next turn this
-/// soon instead: the writer is free, and windowed lists are summed from
-/// buckets until the roll-up is done. A flush still waits at most one
-/// [`ROLLUP_BUDGET`].
+/// A store with no flush for [`ROLLUP_QUIET_MS`] whose work is not done
+/// gets its next turn this soon instead: the writer is free. A flush still
+/// waits at most one [`ROLLUP_BUDGET`].
 const ROLLUP_AGAIN: Duration = Duration::from_millis(20);
-/// The roll-up skips its turn while flushes came this recently: folding
-/// competes with them for the writer and the CPU (measured: a quarter to a
-/// half of the load rate), so under sustained writes a windowed query folds
-/// the backlog itself...
+/// Folding and writing window totals back skip their turn while flushes
+/// came this recently: they compete with them for the writer and the CPU,
+/// and nothing waits for them (lists and single reads are exact without
+/// them; flushes fold and write back themselves past their marks). The
+/// copy of the day after runs in every turn: it must be done by midnight.
 const ROLLUP_QUIET_MS: i64 = 1_000;
-/// ...unless the log holds this many rows, which the background then folds
-/// anyway so that the log stays bounded.
-const ROLLUP_MAX_BACKLOG: i64 = 1_000_000;
 /// How long each turn may keep deleting expired idempotency ids, and day
 /// buckets past the retention: a flush waits at most this long for the writer.
 const EXPIRE_BUDGET: Duration = Duration::from_millis(20);
@@ -119,7 +116,7 @@ static WORKER: Mutex<Option<Arc<Queue>>> = Mutex::new(None);
 pub(super) fn register(job: Job) {
     let Ok(mut worker) = WORKER.lock() else {
         tracing::warn!(
-            "no background expiry and roll-up (queries catch up themselves): worker lock poisoned"
+            "no background expiry, folding or copy of the window totals: worker lock poisoned"
         );
         return;
     };
@@ -135,9 +132,7 @@ pub(super) fn register(job: Job) {
         {
             Ok(_) => *worker = Some(queue),
             Err(e) => {
-                tracing::warn!(
-                    "no background expiry and roll-up (queries catch up themselves): {e}"
-                );
+                tracing::warn!("no background expiry, folding or copy of the window totals: {e}");
                 return;
             }
         }
@@ -233,7 +228,7 @@ fn turn(e: &mut Entry) -> bool {
 /// The work of a full turn, with the writer held (as a flush holds it: the
 /// last write read here is exact). Returns the conditions of a quiet store
 /// when there was nothing to do.
-/// `hurry` is set when the roll-up ran without flushes coming and is not done.
+/// `hurry` is set when work ran without flushes coming and is not done.
 fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Option<Quiet> {
     let write_ms = job.idle.last_write_ms();
     let today = job.clock.today();
@@ -275,60 +270,57 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
         }
     }
     let busy = job.idle.quiet_for_ms() < ROLLUP_QUIET_MS;
-    // While flushes come, each folds a chunk when the log has grown (see
-    // `Writer::fold_after_flush`); once they pause, the rest is folded
-    // here, so lists and reports find it done.
-    let mut folding = false;
-    if !busy && !w.hold.held() {
+    let held = w.hold.held();
+    // Bounded steps until the budget is spent; `true` when work is left.
+    let mut run = |what: &str,
+                   step: &mut dyn FnMut(&mut Writer) -> Result<bool, crate::store::StoreError>|
+     -> bool {
         let started = Instant::now();
         loop {
-            match w.fold_step() {
-                Ok(false) => break,
-                Ok(true) if started.elapsed() >= ROLLUP_BUDGET => {
-                    nothing_to_do = false;
-                    *hurry = true;
-                    folding = true;
-                    break;
-                }
+            match step(w) {
+                Ok(false) => return false,
+                Ok(true) if started.elapsed() >= ROLLUP_BUDGET => return true,
                 Ok(true) => {}
                 Err(e) => {
-                    tracing::warn!("folding the change log failed (retried later): {e}");
-                    nothing_to_do = false;
-                    break;
+                    tracing::warn!("{what} failed (retried later): {e}");
+                    return true;
                 }
             }
         }
-    } else if job.hot.pending() > 0 {
+    };
+    // The window totals' own work first: the day's flip and the copy of the
+    // day after, in every turn, busy or not (the copy must be complete by
+    // midnight); a rebuild when they are not kept, once flushes pause (it
+    // holds the writer for seconds at hundreds of thousands of counters).
+    let mut left = !held
+        && run("the window totals' day work", &mut |w| {
+            w.windows_step(today, !busy)
+        });
+    // Once flushes pause: the change log folded, then the window totals
+    // memory holds written back, so that memory empties and reports find
+    // the log done.
+    if !busy && !held && !left {
+        left = run("folding the change log", &mut |w| w.fold_step());
+        if !left {
+            left = run("writing window totals back", &mut |w| {
+                if w.write_back_bulk()? {
+                    return Ok(true);
+                }
+                w.write_back(super::WINDOWS_CHUNK).map(|n| n > 0)
+            });
+        }
+    }
+    if left {
+        nothing_to_do = false;
+        *hurry = !busy;
+    } else if job.hot.pending() > 0 || {
+        let held = job.hot.lock();
+        held.windows.len() > 0 || held.windows.state.is_none()
+    } {
+        // Left for when flushes pause (or the hold is released).
         nothing_to_do = false;
     }
     let conn = &mut w.conn;
-    // The window totals wait for the fold to finish: it appends to their
-    // log, and a rebuild of them halfway through would be done again.
-    if folding {
-        return None;
-    }
-    if !busy || rollup::backlog(conn).unwrap_or(0) >= ROLLUP_MAX_BACKLOG {
-        // A bulk backlog is rebuilt from the buckets only once flushes have
-        // stopped: the rebuild is one long hold of the writer.
-        let run = if busy {
-            rollup::run_for_folding
-        } else {
-            rollup::run_for
-        };
-        match run(conn, today, ROLLUP_BUDGET) {
-            Ok(p) if p.pending_from.is_none() && p.rolled => {}
-            Ok(_) => {
-                nothing_to_do = false;
-                *hurry = !busy;
-            }
-            Err(e) => {
-                tracing::warn!("window roll-up step failed (queries catch up themselves): {e}");
-                nothing_to_do = false;
-            }
-        }
-    } else {
-        nothing_to_do = false;
-    }
     if !nothing_to_do {
         return None;
     }

@@ -1,6 +1,7 @@
-//! The fold: brings `counters`, `buckets` and the window totals' change log
-//! (`bucket_log`, see `rollup`) up to date from the change log of flushes
-//! (`counter_log`, see `log`), off the acknowledgement path.
+//! The fold: brings `counters` and `buckets` up to date from the change log
+//! of flushes (`counter_log`, see `log`), off the acknowledgement path. (The
+//! window totals of the counters it folds are in memory already, exact:
+//! `windows`.)
 //!
 //! Why this shape:
 //! - A flush only appends one blob to `counter_log` for the counters that
@@ -152,9 +153,6 @@ pub(super) fn chunk(
                  ON CONFLICT (day, cid) DO UPDATE SET value = value + excluded.value",
             )
             .map_err(internal)?;
-        let mut window_log = tx
-            .prepare_cached("INSERT INTO bucket_log (cid, day, delta) VALUES (?1, ?2, ?3)")
-            .map_err(internal)?;
         for (cid, sum) in &pass.sums[pass.next..end] {
             let cid = *cid;
             let changed = match i64::try_from(sum.delta) {
@@ -183,11 +181,6 @@ pub(super) fn chunk(
                         bucket.execute(params![day, cid, d]).map_err(internal)?;
                     }
                     Err(_) => set_bucket(&tx, cid, day, d)?,
-                }
-                for part in super::backfill::split(d) {
-                    window_log
-                        .execute(params![cid, day, part])
-                        .map_err(internal)?;
                 }
             }
         }

@@ -80,6 +80,10 @@ pub(super) struct Hot {
     free: Vec<usize>,
     /// Entries with pending deltas.
     pending: usize,
+    /// The window totals of the counters whose kept rows are out of date
+    /// (`windows`): under the same lock, so that a flush's rows, its
+    /// counters' state and their totals are seen together or not at all.
+    pub windows: super::windows::memory::Memory,
 }
 
 impl Hot {
@@ -97,6 +101,15 @@ impl Hot {
         self.entry(self.slot(key)?)
     }
 
+    pub fn get_by_cid(&self, cid: i64) -> Option<&Entry> {
+        self.entry(*self.by_cid.get(&cid)?)
+    }
+
+    /// Whether counter `cid` has deltas in the change log not folded yet.
+    pub fn is_pending(&self, cid: i64) -> bool {
+        self.get_by_cid(cid).is_some_and(|e| e.pending_seq != 0)
+    }
+
     /// Counters with deltas not folded yet.
     pub fn pending(&self) -> usize {
         self.pending
@@ -105,6 +118,11 @@ impl Hot {
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.index.len()
+    }
+
+    /// At least [`HOT_CAP`] counters are kept.
+    pub fn is_full(&self) -> bool {
+        self.index.len() >= HOT_CAP
     }
 
     /// Sets the state of `key`, into `slot` when [`Hot::slot`] found it
@@ -214,6 +232,7 @@ impl Hot {
                     e.days.retain(|d| d.day == latest);
                 }
                 self.pending -= 1;
+                self.windows.unpend(cid);
             }
         }
     }

@@ -5,8 +5,9 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use super::hot::Hot;
 use super::internal;
-use super::rollup::{join, split_sum};
+use super::windows::{join, split_sum};
 use crate::domain::AverageDelta;
 use crate::domain::{Counter, CounterKey, Window};
 use crate::store::{
@@ -198,6 +199,55 @@ pub(super) fn top(conn: &Connection, q: &TopQuery) -> Result<TopList, StoreError
     })
 }
 
+/// The all-time list as of now without folding first: the `counters_top`
+/// walk, skipping the rows that miss deltas of the change log, merged with
+/// those counters' exact values, which memory holds (every one of them
+/// while the window totals are kept: `windows::memory`). `None` when they
+/// are not kept (the caller folds, then walks). The caller holds memory's
+/// lock: no flush or fold commits while the rows are read.
+pub(super) fn top_all_time(
+    conn: &Connection,
+    hot: &Hot,
+    q: &TopQuery,
+) -> Result<Option<Vec<TopEntry>>, StoreError> {
+    if hot.windows.state.is_none() {
+        return Ok(None);
+    }
+    let mut s = conn
+        .prepare_cached(
+            "SELECT cid, uuid, value, category FROM counters INDEXED BY counters_top
+             WHERE entity = ?1 AND action = ?2 AND (?3 IS NULL OR category = ?3)
+             ORDER BY value DESC, uuid",
+        )
+        .map_err(internal)?;
+    let mut rows = s
+        .query(params![q.entity, q.action, q.category])
+        .map_err(internal)?;
+    let mut entries = Vec::with_capacity(q.size);
+    while entries.len() < q.size {
+        let Some(r) = rows.next().map_err(internal)? else {
+            break;
+        };
+        if hot.is_pending(r.get(0).map_err(internal)?) {
+            continue;
+        }
+        entries.push(TopEntry {
+            uuid: r.get(1).map_err(internal)?,
+            value: r.get::<_, i64>(2).map_err(internal)?.into(),
+            category: r.get(3).map_err(internal)?,
+        });
+    }
+    let held = hot
+        .windows
+        .top_pending(&q.entity, &q.action, q.category.as_deref(), q.size);
+    if !held.is_empty() {
+        entries.extend(held);
+        entries.sort_by(|a, b| b.value.cmp(&a.value).then_with(|| a.uuid.cmp(&b.uuid)));
+        entries.truncate(q.size);
+    }
+    Ok(Some(entries))
+}
+
 /// SQLite's `sum()` left i64 ("integer overflow"): the one failure that
 /// summing again in 32-bit halves answers.
 fn overflowed(e: &rusqlite::Error) -> bool {
@@ -210,7 +260,7 @@ fn overflowed(e: &rusqlite::Error) -> bool {
 /// seek into the buckets per counter, ten times slower at 1M.
 ///
 /// `exact`: the sums in 32-bit halves, carried into the kept totals' pair
-/// (`hi · 2^62 + lo`, `rollup::join`) and ordered the same way, exact past i64. That costs
+/// (`hi · 2^62 + lo`, `windows::join`) and ordered the same way, exact past i64. That costs
 /// about a quarter more on every list, so it is asked for only once a plain
 /// `sum()` has failed on a counter whose days leave i64.
 fn summed_top(
@@ -437,7 +487,7 @@ pub(super) fn top_averages(
 }
 
 /// `exact` (a window only): sums and quantities as the kept totals' pairs
-/// (`hi · 2^62 + lo`, `rollup::join`), ordered by the quotient of their doubles as the plain
+/// (`hi · 2^62 + lo`, `windows::join`), ordered by the quotient of their doubles as the plain
 /// query orders by `CAST(s AS REAL) / n`, then by quantity.
 fn ranked_averages(
     conn: &Connection,

@@ -6,12 +6,13 @@
 //! backfill does (`backfill.rs`, whose sets it reuses for day records): an
 //! increment committed before it is in the buckets it reads (replaced if
 //! its day is named, counted in the total if not), one committed after it
-//! adds to what it set. Each bucket it changes appends its difference to
-//! `bucket_log`, so the kept window totals stay exact.
+//! adds to what it set. The counters it sets have their window totals
+//! recomputed from their buckets in the same transaction (by the store), so
+//! the kept window totals stay exact.
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 
-use super::backfill::{set_days_in, split};
+use super::backfill::set_days_in;
 use super::internal;
 use crate::domain::{Counter, CounterKey};
 use crate::store::{
@@ -152,28 +153,27 @@ pub(super) fn average_page(
     Ok(out)
 }
 
-/// Sets a whole batch in one transaction, or nothing of it when an entry
-/// would leave the signed 64-bit range (the transaction is then dropped).
-/// Commits without syncing: the caller fsyncs before answering.
-pub(super) fn import(
-    conn: &mut Connection,
+/// Sets a whole batch inside a transaction the caller holds, pushing the
+/// counters it set onto `cids`; on `Overflow` (an entry would leave the
+/// signed 64-bit range) part of it may be written: the caller rolls back.
+/// The caller commits without syncing and fsyncs before answering.
+pub(super) fn import_in(
+    tx: &Connection,
     batch: &ImportBatch,
+    cids: &mut Vec<i64>,
 ) -> Result<ImportOutcome, StoreError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(internal)?;
     for (i, c) in batch.counters.iter().enumerate() {
-        if !import_counter(&tx, c, batch.oldest_day)? {
+        if !import_counter(tx, c, batch.oldest_day, cids)? {
             return Ok(ImportOutcome::Overflow(ImportEntry::Counter(i)));
         }
     }
     for (i, a) in batch.averages.iter().enumerate() {
-        if !import_average(&tx, a, batch.oldest_day)? {
+        if !import_average(tx, a, batch.oldest_day)? {
             return Ok(ImportOutcome::Overflow(ImportEntry::Average(i)));
         }
     }
     if !batch.days.is_empty() {
-        match set_days_in(&tx, &batch.days)? {
+        match set_days_in(tx, &batch.days, cids)? {
             DaysOutcome::Applied { .. } => {}
             DaysOutcome::Overflow { index } => {
                 return Ok(ImportOutcome::Overflow(ImportEntry::Day(index)))
@@ -181,13 +181,17 @@ pub(super) fn import(
             DaysOutcome::Incomplete { reason, .. } => return Err(StoreError::Internal(reason)),
         }
     }
-    super::marks::import(&tx, &batch.marks)?;
-    tx.commit().map_err(internal)?;
+    super::marks::import(tx, &batch.marks)?;
     Ok(ImportOutcome::Applied)
 }
 
 /// One counter of an import; `false` when its total would leave i64.
-fn import_counter(tx: &Connection, c: &CounterImport, oldest_day: i64) -> Result<bool, StoreError> {
+fn import_counter(
+    tx: &Connection,
+    c: &CounterImport,
+    oldest_day: i64,
+    cids: &mut Vec<i64>,
+) -> Result<bool, StoreError> {
     let k = &c.key;
     let found: Option<i64> = tx
         .prepare_cached("SELECT cid FROM counters WHERE entity = ?1 AND action = ?2 AND uuid = ?3")
@@ -221,9 +225,6 @@ fn import_counter(tx: &Connection, c: &CounterImport, oldest_day: i64) -> Result
                  ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
             )
             .map_err(internal)?;
-        let mut log = tx
-            .prepare_cached("INSERT INTO bucket_log (cid, day, delta) VALUES (?1, ?2, ?3)")
-            .map_err(internal)?;
         for b in &c.days {
             let was: Option<i64> = old
                 .query_row(params![b.day, cid], |r| r.get(0))
@@ -234,11 +235,6 @@ fn import_counter(tx: &Connection, c: &CounterImport, oldest_day: i64) -> Result
             }
             put.execute(params![b.day, cid, b.value])
                 .map_err(internal)?;
-            // A new bucket logs even a 0: being in a window's totals
-            // follows having a bucket there (as a backfill does).
-            for part in split(i128::from(b.value) - i128::from(was.unwrap_or(0))) {
-                log.execute(params![cid, b.day, part]).map_err(internal)?;
-            }
         }
     }
     let mut total = c.before;
@@ -269,6 +265,7 @@ fn import_counter(tx: &Connection, c: &CounterImport, oldest_day: i64) -> Result
         ])
     })
     .map_err(internal)?;
+    cids.push(cid);
     Ok(true)
 }
 

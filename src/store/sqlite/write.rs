@@ -3,6 +3,14 @@
 //! inserted whole; overflow is checked against the exact state each counter
 //! has now, which the writer keeps in memory (`hot`) or reads from its row.
 //!
+//! Once [`DIRECT_PENDING`] counters have deltas in the log, a counter with
+//! none there is written directly (its row and buckets set to the state the
+//! flush leaves), as before the log existed: a bulk load of distinct
+//! counters gains nothing from logging (each counter comes once per flush,
+//! nothing coalesces) and would pay for its deltas twice, logged and then
+//! folded, while the pending counters, all in memory, would grow without
+//! bound. Counters already pending stay logged: their rows miss deltas.
+//!
 //! The claims of idempotency ids (and any other claim) stay steps of their
 //! own in `sqlite.rs`, before these writes.
 
@@ -12,6 +20,11 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::hot::{self, Day, Entry, Hot};
+use super::windows::{self, memory::Sums};
+
+/// Pending counters (with deltas in the log) past which a counter with none
+/// is written directly instead of logged; see the module documentation.
+pub(super) const DIRECT_PENDING: usize = 32_768;
 use super::{internal, log, queries, Overflowed};
 use crate::domain::{Coalesced, Counter, CounterKey, KeyDelta};
 use crate::store::StoreError;
@@ -24,6 +37,11 @@ struct Touch {
     entry: Entry,
     /// Not in `counters` before this flush: inserted whole, not logged.
     new: bool,
+    /// Written directly (row and buckets set), not logged.
+    direct: bool,
+    /// Its window totals as the flush leaves them (`None`: the totals are
+    /// not kept now, a rebuild is due).
+    windows: Option<Sums>,
     /// What this flush logs of an existing counter: its delta per day, and
     /// the category, first and last touch it brings.
     deltas: Vec<(i64, i128)>,
@@ -149,11 +167,14 @@ impl<'h> Flush<'h> {
     }
 
     /// Writes what was added: new counters inserted with their buckets,
-    /// the deltas of the others appended to the log as one blob. Returns
-    /// the log row (0: nothing logged).
+    /// the deltas of the others appended to the log as one blob, or written
+    /// directly past [`DIRECT_PENDING`] pending counters (see the module
+    /// documentation). Returns the log row (0: nothing logged).
     pub fn write(&mut self, tx: &Connection) -> Result<i64, StoreError> {
         let mut blob = log::Writer::new();
         let mut insert = None;
+        let mut direct = None;
+        let mut pending = self.hot.pending();
         for t in &mut self.touched {
             // Loaded for a request that was then refused: nothing to write.
             if t.deltas.is_empty() {
@@ -171,6 +192,18 @@ impl<'h> Flush<'h> {
                 }
                 continue;
             }
+            if t.entry.pending_seq == 0 {
+                if pending >= DIRECT_PENDING {
+                    let direct = match &mut direct {
+                        Some(d) => d,
+                        None => direct.insert(DirectRows::prepare(tx)?),
+                    };
+                    direct.write(t)?;
+                    t.direct = true;
+                    continue;
+                }
+                pending += 1;
+            }
             for &(day, delta) in &t.deltas {
                 for part in super::backfill::split(delta) {
                     blob.push(&log::Entry {
@@ -184,6 +217,7 @@ impl<'h> Flush<'h> {
                 }
             }
         }
+        self.windows(tx)?;
         if blob.is_empty() {
             return Ok(0);
         }
@@ -194,7 +228,7 @@ impl<'h> Flush<'h> {
         for t in self
             .touched
             .iter_mut()
-            .filter(|t| !t.new && !t.deltas.is_empty())
+            .filter(|t| !t.new && !t.direct && !t.deltas.is_empty())
         {
             t.entry.pending_seq = seq;
             for d in &mut t.entry.days {
@@ -204,6 +238,47 @@ impl<'h> Flush<'h> {
             }
         }
         Ok(seq)
+    }
+
+    /// The window totals each counter written has after the flush: from
+    /// memory when it holds them, else from the kept rows, which leave the
+    /// tables (`windows::take_rows`) while memory holds the counter.
+    fn windows(&mut self, tx: &Connection) -> Result<(), StoreError> {
+        let (state, held): (_, Vec<Option<Sums>>) = {
+            let hot = self.hot.lock();
+            let Some(state) = hot.windows.state else {
+                return Ok(());
+            };
+            let held = self
+                .touched
+                .iter()
+                .map(|t| {
+                    (!t.deltas.is_empty())
+                        .then(|| hot.windows.get(t.entry.cid))
+                        .flatten()
+                })
+                .collect();
+            (state, held)
+        };
+        for (t, held) in self.touched.iter_mut().zip(held) {
+            if t.deltas.is_empty() {
+                continue;
+            }
+            let mut sums = match held {
+                Some(s) => s,
+                // Every bucket of a new counter is in this flush.
+                None if t.new => {
+                    windows::mark_dirty(tx, t.entry.cid)?;
+                    Sums::none()
+                }
+                None => windows::take_rows(tx, &state, t.entry.cid)?,
+            };
+            for &(day, delta) in &t.deltas {
+                sums.add(&state, day, delta);
+            }
+            t.windows = Some(sums);
+        }
+        Ok(())
     }
 
     /// The counters written, no longer borrowing the writer's memory.
@@ -225,7 +300,7 @@ impl Written {
     pub fn logged(&self) -> usize {
         self.0
             .iter()
-            .filter(|t| !t.new)
+            .filter(|t| !t.new && !t.direct)
             .map(|t| t.deltas.len())
             .sum()
     }
@@ -247,8 +322,24 @@ impl Written {
 
     /// Once committed: memory takes the counters' new state (the caller
     /// holds its lock across the commit and this).
+    /// A counter that was not in memory and has nothing pending (new, or
+    /// written directly) is left out once memory is full: its row is exact,
+    /// and a bulk load would only churn memory.
     pub fn publish(self, hot: &mut Hot) {
         for t in self.0 {
+            if let Some(sums) = &t.windows {
+                hot.windows.put(
+                    t.entry.cid,
+                    &t.key,
+                    t.entry.category.as_ref(),
+                    sums,
+                    t.entry.value,
+                    t.entry.pending_seq != 0,
+                );
+            }
+            if t.slot.is_none() && t.entry.pending_seq == 0 && hot.is_full() {
+                continue;
+            }
             hot.put(t.slot, t.key, t.entry);
         }
     }
@@ -317,6 +408,8 @@ fn touch(kd: &KeyDelta, slot: Option<usize>, found: Option<Entry>) -> Touch {
         slot,
         entry,
         new,
+        direct: false,
+        windows: None,
         deltas: Vec::new(),
         category: None,
         first_ms: i64::MAX,
@@ -392,7 +485,6 @@ fn bucket(tx: &Connection, cid: i64, day: i64) -> Result<i64, StoreError> {
 struct NewRows<'c> {
     counter: rusqlite::CachedStatement<'c>,
     bucket: rusqlite::CachedStatement<'c>,
-    window_log: rusqlite::CachedStatement<'c>,
 }
 
 impl<'c> NewRows<'c> {
@@ -406,10 +498,6 @@ impl<'c> NewRows<'c> {
                 .map_err(internal)?,
             bucket: tx
                 .prepare_cached("INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)")
-                .map_err(internal)?,
-            // The window totals learn of new buckets as of any other delta.
-            window_log: tx
-                .prepare_cached("INSERT INTO bucket_log (cid, day, delta) VALUES (?1, ?2, ?3)")
                 .map_err(internal)?,
         })
     }
@@ -435,9 +523,57 @@ impl<'c> NewRows<'c> {
         self.bucket
             .execute(params![day, cid, value])
             .map_err(internal)?;
-        self.window_log
-            .execute(params![cid, day, value])
+        Ok(())
+    }
+}
+
+/// The statements that write counters directly (not logged), prepared
+/// once per flush.
+struct DirectRows<'c> {
+    counter: rusqlite::CachedStatement<'c>,
+    bucket: rusqlite::CachedStatement<'c>,
+}
+
+impl<'c> DirectRows<'c> {
+    fn prepare(tx: &'c Connection) -> Result<DirectRows<'c>, StoreError> {
+        Ok(DirectRows {
+            counter: tx
+                .prepare_cached(
+                    "UPDATE counters SET value = ?2, category = ?3, first_ts = ?4, recorded_ts = ?5
+                     WHERE cid = ?1",
+                )
+                .map_err(internal)?,
+            bucket: tx
+                .prepare_cached(
+                    "INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
+                )
+                .map_err(internal)?,
+        })
+    }
+
+    /// Sets the row and the touched buckets of `t` to the state the flush
+    /// leaves (exact: the counter has nothing pending, so its row and
+    /// buckets were exact when read).
+    fn write(&mut self, t: &Touch) -> Result<(), StoreError> {
+        let e = &t.entry;
+        self.counter
+            .execute(params![
+                e.cid,
+                e.value,
+                e.category.as_deref(),
+                e.first_ms,
+                e.recorded_ms
+            ])
             .map_err(internal)?;
+        for &(day, _) in &t.deltas {
+            let value = e
+                .day(day)
+                .ok_or_else(|| super::internal_msg("a direct write lacks the bucket it changed"))?;
+            self.bucket
+                .execute(params![day, e.cid, value])
+                .map_err(internal)?;
+        }
         Ok(())
     }
 }
