@@ -199,7 +199,7 @@ pub enum TenantError {
 
 /// An open tenant other than the default.
 struct OpenTenant {
-    app: AppState,
+    app: Arc<AppState>,
     flusher: JoinHandle<()>,
     /// When a request last used it, in milliseconds since [`Tenants::epoch`]
     /// (monotonic: it schedules closing, it is no calendar time).
@@ -208,7 +208,7 @@ struct OpenTenant {
 
 /// Every tenant's store and pipeline.
 pub struct Tenants {
-    default: AppState,
+    default: Arc<AppState>,
     default_flusher: Mutex<Option<JoinHandle<()>>>,
     others: RwLock<HashMap<String, OpenTenant>>,
     /// `None`: only the default tenant exists.
@@ -216,7 +216,7 @@ pub struct Tenants {
     /// What reads of a tenant that is not open get, with the store to read
     /// it through: a pipeline that is already stopped, so nothing read this
     /// way can ever be written to.
-    read_only: Option<AppState>,
+    read_only: Option<Arc<AppState>>,
     max_tenants: usize,
     pipeline: PipelineConfig,
     /// The one queue bound of every tenant's pipeline.
@@ -280,14 +280,14 @@ impl Tenants {
                 queue.clone(),
             );
             p.stop();
-            AppState {
+            Arc::new(AppState {
                 store: empty,
                 pipeline: p,
                 ..default.clone()
-            }
+            })
         });
         Tenants {
-            default,
+            default: Arc::new(default),
             default_flusher: Mutex::new(Some(flusher)),
             others: RwLock::new(HashMap::new()),
             stores,
@@ -307,7 +307,7 @@ impl Tenants {
         Tenants {
             queue: Arc::new(SharedQueue::new(&PipelineConfig::default())),
             pipeline: PipelineConfig::default(),
-            default: app,
+            default: Arc::new(app),
             default_flusher: Mutex::new(None),
             others: RwLock::new(HashMap::new()),
             stores: None,
@@ -326,7 +326,7 @@ impl Tenants {
 
     /// The app of `tenant` for a write, opening it first if it is not open.
     /// `tenant` must have been validated.
-    pub async fn writer(&self, tenant: &str) -> Result<AppState, TenantError> {
+    pub async fn writer(&self, tenant: &str) -> Result<Arc<AppState>, TenantError> {
         if tenant == DEFAULT_TENANT {
             return Ok(self.default.clone());
         }
@@ -338,7 +338,7 @@ impl Tenants {
 
     /// The app of `tenant` for a read: the open tenant, else one opened
     /// because it holds data, else a read-only view that creates nothing.
-    pub async fn reader(&self, tenant: &str) -> Result<AppState, TenantError> {
+    pub async fn reader(&self, tenant: &str) -> Result<Arc<AppState>, TenantError> {
         if tenant == DEFAULT_TENANT {
             return Ok(self.default.clone());
         }
@@ -354,16 +354,16 @@ impl Tenants {
         let unopened = blocking(tenant, move || stores.unopened(&name)).await?;
         match unopened {
             Unopened::Empty => Ok(read_only.clone()),
-            Unopened::ReadThrough(store) => Ok(AppState {
+            Unopened::ReadThrough(store) => Ok(Arc::new(AppState {
                 store,
-                ..read_only.clone()
-            }),
+                ..AppState::clone(read_only)
+            })),
             Unopened::Stored => self.create(tenant).await,
         }
     }
 
     /// The open tenant's app, marked as used now.
-    fn lookup(&self, tenant: &str) -> Option<AppState> {
+    fn lookup(&self, tenant: &str) -> Option<Arc<AppState>> {
         let others = self.others.read().expect("tenants lock");
         let open = others.get(tenant)?;
         open.used_ms.store(self.now_ms(), Ordering::Relaxed);
@@ -376,7 +376,7 @@ impl Tenants {
 
     /// Opens a tenant's store on a blocking thread and starts its pipeline,
     /// one opening at a time.
-    async fn create(&self, tenant: &str) -> Result<AppState, TenantError> {
+    async fn create(&self, tenant: &str) -> Result<Arc<AppState>, TenantError> {
         let stores = self.stores.clone().ok_or(TenantError::Disabled)?;
         validate_tenant(tenant).map_err(TenantError::BadName)?;
         let _one_at_a_time = self.creating.lock().await;
@@ -397,12 +397,12 @@ impl Tenants {
             self.default.metrics.clone(),
             self.queue.clone(),
         );
-        let app = AppState {
+        let app = Arc::new(AppState {
             store,
             pipeline,
             actors: self.default.actors.for_tenant(tenant),
-            ..self.default.clone()
-        };
+            ..AppState::clone(&self.default)
+        });
         let mut others = self.others.write().expect("tenants lock");
         // Checked again under the lock `close` takes: a tenant opened while
         // the gateway shut down is stopped at once, never left running.
@@ -432,12 +432,13 @@ impl Tenants {
         let now = self.now_ms();
         let mut closing = Vec::new();
         {
-            // Under the write lock no request can take a new handle, so a
-            // pipeline with one handle (the map's) has no request on it.
+            // Under the write lock no request can take a new handle, so an
+            // app with one handle (the map's), whose pipeline has one too,
+            // has no request on it.
             let mut others = self.others.write().expect("tenants lock");
             others.retain(|name, open| {
                 let quiet = now.saturating_sub(open.used_ms.load(Ordering::Relaxed)) >= idle_ms;
-                let unheld = open.app.pipeline.handles() == 1;
+                let unheld = Arc::strong_count(&open.app) == 1 && open.app.pipeline.handles() == 1;
                 if quiet && unheld {
                     closing.push(name.clone());
                     open.app.pipeline.stop();

@@ -25,7 +25,7 @@ STAGES = [
     ("parse + validate", r"serde_json::de|serde_core::de|serde::de|parse_json|from_spec|IncrementSpec|CounterKey::new|validate_name|Interner|read_batch|parse_batch|chrono|Deserialize|deserialize|api::model"),
     ("context switches", r"finish_task_switch|__schedule|^schedule$"),
     ("HTTP + routing", r"epoll|mio::"),
-    ("queue + hand-offs", r"pipeline::|flusher|sync_loop|sync::oneshot|mpsc|spawn_blocking|BlockingTask|Notify|futex|try_to_wake_up|wake_up_q|park|Condvar|pthread_cond"),
+    ("queue + hand-offs", r"pipeline::|flusher|sync_loop|sync::oneshot|mpsc|spawn_blocking|Notify|futex|try_to_wake_up|wake_up_q|park|Condvar|pthread_cond"),
     ("HTTP + routing", r"hyper|axum|tower|http::|h1::|tcp_|sock_|epoll|mio::|__sys_sendto|__sys_recvfrom|inet_|ip_|__x64_sys_(sendto|recvfrom|write|read|writev)|net_rx|skb|api::|metrics::|access::|tenant::"),
     ("runtime (tokio)", r"tokio::"),
     ("allocator", r"malloc|free|realloc|_int_|mi_|cfree"),

@@ -11,6 +11,7 @@
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{ConnectInfo, FromRequestParts};
@@ -26,23 +27,26 @@ use crate::tenant::{validate_tenant, TenantError, DEFAULT_TENANT};
 pub const ACCESS_PARAMS: [&str; 2] = ["key", "tenant"];
 
 /// The tenant's app, for a request allowed to add (increments, events, samples).
-pub struct Writer(pub AppState);
+pub struct Writer(pub Arc<AppState>);
 /// The tenant's app, for a request allowed to read.
-pub struct Reader(pub AppState);
+pub struct Reader(pub Arc<AppState>);
 /// The tenant's app, for a request allowed to delete.
-pub struct Admin(pub AppState);
+pub struct Admin(pub Arc<AppState>);
 /// The tenant's app, opened if needed, for an admin request that writes
 /// (a backfill: it can lower counters, so it is no public write key's).
-pub struct AdminWriter(pub AppState);
+pub struct AdminWriter(pub Arc<AppState>);
 
 /// A writer opens its tenant when it is not open; a reader (and a delete,
 /// which has nothing to remove in a tenant without data) never creates one.
 macro_rules! role_extractor {
     ($name:ident, $role:expr, $open:ident) => {
-        impl FromRequestParts<Gateway> for $name {
+        impl FromRequestParts<Arc<Gateway>> for $name {
             type Rejection = ApiError;
 
-            async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, ApiError> {
+            async fn from_request_parts(
+                parts: &mut Parts,
+                gw: &Arc<Gateway>,
+            ) -> Result<Self, ApiError> {
                 let (tenant, _) = authorize(parts, gw, $role)?;
                 gw.tenants
                     .$open(&tenant)
@@ -64,14 +68,14 @@ role_extractor!(AdminWriter, Role::Admin, writer);
 /// says the key was a `public` one, whose answers any web page may read
 /// (CORS), since the key is meant to be in pages.
 pub struct CounterReader {
-    pub app: AppState,
+    pub app: Arc<AppState>,
     pub public: bool,
 }
 
-impl FromRequestParts<Gateway> for CounterReader {
+impl FromRequestParts<Arc<Gateway>> for CounterReader {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, ApiError> {
         let (tenant, role) = authorize(parts, gw, Role::Public)?;
         let app = gw.tenants.reader(&tenant).await.map_err(tenant_error)?;
         Ok(CounterReader {
@@ -85,10 +89,10 @@ impl FromRequestParts<Gateway> for CounterReader {
 /// only an admin key of every tenant (`*`) may call them.
 pub struct Operator;
 
-impl FromRequestParts<Gateway> for Operator {
+impl FromRequestParts<Arc<Gateway>> for Operator {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, ApiError> {
         if gw.keys.is_empty() {
             return Ok(Operator);
         }

@@ -5,6 +5,7 @@ use super::crawlers::{self, Crawler, Ignored};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 use super::extract::{parse_json, JsonBytes, PathParams};
 use super::model::{IncrementBody, KeyPath};
@@ -124,7 +125,7 @@ pub async fn decrement(
 }
 
 async fn add(
-    app: AppState,
+    app: Arc<AppState>,
     path: KeyPath,
     body: axum::body::Bytes,
     negate: bool,

@@ -30,6 +30,7 @@
 //! browser's `User-Agent` thus costs two passes of a set, not a backtracking
 //! run of each look-around pattern over every byte of it.
 
+use std::sync::Arc;
 use std::sync::OnceLock;
 
 use axum::extract::FromRequestParts;
@@ -335,10 +336,13 @@ pub fn is_known_crawler(user_agent: &[u8]) -> bool {
 /// to be answered without counting (see the module's documentation).
 pub struct Crawler(pub bool);
 
-impl FromRequestParts<Gateway> for Crawler {
+impl FromRequestParts<Arc<Gateway>> for Crawler {
     type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gw: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
         Ok(Crawler(left_out(parts, gw)))
     }
 }
@@ -346,10 +350,13 @@ impl FromRequestParts<Gateway> for Crawler {
 /// [`Crawler`] for the pixel, which is browser ingestion whatever it carries.
 pub struct PixelCrawler(pub bool);
 
-impl FromRequestParts<Gateway> for PixelCrawler {
+impl FromRequestParts<Arc<Gateway>> for PixelCrawler {
     type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gw: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
         let crawler = !gw.count_crawlers
             && user_agent(&parts.headers).is_some_and(|ua| is_known_crawler(ua.as_bytes()));
         Ok(PixelCrawler(crawler))

@@ -2,6 +2,7 @@
 //! pages on the allowed origins, the request timeout, and the request
 //! metrics (by matched route, never the raw path, so cardinality is bounded).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
@@ -57,7 +58,7 @@ pub fn cors(origins: &[String]) -> Result<Option<CorsLayer>, String> {
 
 /// Times every request against `--request-timeout` and records it by matched
 /// route, method and status.
-pub async fn observe(State(gw): State<Gateway>, req: Request, next: Next) -> Response {
+pub async fn observe(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
     let start = Instant::now();
     let route = req
         .extensions()

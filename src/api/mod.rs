@@ -82,7 +82,7 @@ pub fn router(state: AppState) -> Router {
 /// handler. Only `routes!` may add routes: `tests/openapi.rs` refuses any
 /// other way of routing here, which would leave the route undocumented and
 /// counted as `unmatched`.
-pub(crate) fn table() -> OpenApiRouter<Gateway> {
+pub(crate) fn table() -> OpenApiRouter<Arc<Gateway>> {
     OpenApiRouter::new()
         .routes(routes!(counters::get, counters::delete))
         .routes(routes!(counters::increment))
@@ -116,6 +116,10 @@ pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
     let cors = edge::cors(&gw.cors_origins)?;
     let (router, _) = table().split_for_parts();
     crate::metrics::register_routes(openapi::route_patterns);
+    // Shared, not copied: axum clones the state for every request (the
+    // middleware's and the handler's), and each of the fields' reference
+    // counts was an atomic add and subtract on a line both cores touch.
+    let gw = Arc::new(gw);
     let router = router
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

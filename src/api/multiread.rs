@@ -8,6 +8,7 @@
 //! before anything is read.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
@@ -106,7 +107,7 @@ pub async fn post(reader: CounterReader, JsonBytes(body): JsonBytes) -> Result<R
         NotModified))]
 pub async fn get(
     reader: CounterReader,
-    State(gw): State<Gateway>,
+    State(gw): State<Arc<Gateway>>,
     uri: Uri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {

@@ -17,6 +17,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::OnceLock;
 
 use axum::extract::State;
@@ -374,7 +375,7 @@ pub fn metrics_text() -> Object {
     summary = "This description",
     responses((status = 200, description = "Success", body = Description)),
 )]
-pub async fn openapi(State(gw): State<Gateway>) -> impl IntoResponse {
+pub async fn openapi(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "application/json")],
         document(

@@ -5,6 +5,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::json;
+use std::sync::Arc;
 
 use super::access::Operator;
 use super::Gateway;
@@ -27,7 +28,7 @@ pub async fn healthz() -> impl IntoResponse {
 /// tenant's store: every tenant's lives on the same disk or cluster.
 #[utoipa::path(get, path = "/readyz", summary = "The store answers",
     responses((status = 200, description = "Success", body = Status)))]
-pub async fn readyz(State(gw): State<Gateway>) -> Result<impl IntoResponse, ApiError> {
+pub async fn readyz(State(gw): State<Arc<Gateway>>) -> Result<impl IntoResponse, ApiError> {
     gw.tenants
         .default_tenant()
         .store
@@ -46,7 +47,7 @@ pub async fn readyz(State(gw): State<Gateway>) -> Result<impl IntoResponse, ApiE
     summary = "Prometheus metrics of every tenant (admin key of tenant * when keys are configured)",
     responses((status = 200, description = "Success",
         content((inline(MetricsText) = "text/plain"))), OperatorErrors))]
-pub async fn metrics(_: Operator, State(gw): State<Gateway>) -> impl IntoResponse {
+pub async fn metrics(_: Operator, State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         gw.metrics.render(
