@@ -1813,6 +1813,24 @@ mod tests {
 
     const DAY: i64 = 21_974; // 2030-03-01
 
+    /// A store with relaxed durability in a new directory, its clock at
+    /// 01:00 on `DAY`.
+    fn relaxed_store_at_day() -> (tempfile::TempDir, crate::domain::ManualClock, SqliteStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = crate::domain::ManualClock::new(
+            chrono::DateTime::from_timestamp(DAY * 86_400 + 3600, 0).unwrap(),
+        );
+        let store = SqliteStore::open(
+            dir.path(),
+            Durability::Relaxed,
+            std::time::Duration::from_secs(60),
+            400,
+            clock.clock(),
+        )
+        .unwrap();
+        (dir, clock, store)
+    }
+
     fn memory_db() -> Writer {
         let mut c = Connection::open_in_memory().unwrap();
         c.execute_batch(SCHEMA).unwrap();
@@ -1979,18 +1997,7 @@ mod tests {
     /// and read stays exact, and a counter already pending stays logged.
     #[tokio::test]
     async fn past_the_pending_mark_counters_are_written_directly() {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = crate::domain::ManualClock::new(
-            chrono::DateTime::from_timestamp(DAY * 86_400 + 3600, 0).unwrap(),
-        );
-        let store = SqliteStore::open(
-            dir.path(),
-            Durability::Relaxed,
-            std::time::Duration::from_secs(60),
-            400,
-            clock.clock(),
-        )
-        .unwrap();
+        let (dir, _clock, store) = relaxed_store_at_day();
         store.fold_hold().hold();
         let n = write::DIRECT_PENDING + 500;
         let uuid = |i: usize| format!("u{i:06}");
@@ -2065,18 +2072,7 @@ mod tests {
     /// both, and the tables and indexes are whole after.
     #[tokio::test]
     async fn window_totals_written_back_in_bulk_or_dropped_and_rebuilt_stay_exact() {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = crate::domain::ManualClock::new(
-            chrono::DateTime::from_timestamp(DAY * 86_400 + 3600, 0).unwrap(),
-        );
-        let store = SqliteStore::open(
-            dir.path(),
-            Durability::Relaxed,
-            std::time::Duration::from_secs(60),
-            400,
-            clock.clock(),
-        )
-        .unwrap();
+        let (dir, _clock, store) = relaxed_store_at_day();
         store.fold_hold().hold();
         let batch = |requests| WriteBatch {
             requests,

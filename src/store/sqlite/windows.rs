@@ -361,13 +361,10 @@ pub(super) fn forget(tx: &Connection, cid: i64) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Recomputes the rows of `cid` from its buckets (exact there: the caller
-/// folded the change log), e.g. after a backfill set its days, or at open
-/// for a counter memory held at a crash. A counter that is gone loses them.
-pub(super) fn recompute(tx: &Connection, state: &State, cid: i64) -> Result<(), StoreError> {
-    forget(tx, cid)?;
-    let counter: Option<memory::Held> = tx
-        .prepare_cached("SELECT entity, action, uuid, category FROM counters WHERE cid = ?1")
+/// The key and category of counter `cid`, with no totals yet; `None` when
+/// it is gone.
+fn held_key(tx: &Connection, cid: i64) -> Result<Option<memory::Held>, StoreError> {
+    tx.prepare_cached("SELECT entity, action, uuid, category FROM counters WHERE cid = ?1")
         .and_then(|mut s| {
             s.query_row([cid], |r| {
                 Ok(memory::Held {
@@ -381,8 +378,15 @@ pub(super) fn recompute(tx: &Connection, state: &State, cid: i64) -> Result<(), 
             })
             .optional()
         })
-        .map_err(internal)?;
-    let Some(mut h) = counter else {
+        .map_err(internal)
+}
+
+/// Recomputes the rows of `cid` from its buckets (exact there: the caller
+/// folded the change log), e.g. after a backfill set its days, or at open
+/// for a counter memory held at a crash. A counter that is gone loses them.
+pub(super) fn recompute(tx: &Connection, state: &State, cid: i64) -> Result<(), StoreError> {
+    forget(tx, cid)?;
+    let Some(mut h) = held_key(tx, cid)? else {
         return Ok(());
     };
     let mut s = tx
@@ -612,23 +616,7 @@ pub(super) fn copy_chunk(
         if copied_cids.contains(&cid) || in_memory.contains(&cid) {
             continue;
         }
-        let key: Option<memory::Held> = tx
-            .prepare_cached("SELECT entity, action, uuid, category FROM counters WHERE cid = ?1")
-            .and_then(|mut s| {
-                s.query_row([cid], |r| {
-                    Ok(memory::Held {
-                        cid,
-                        entity: r.get::<_, String>(0)?.into(),
-                        action: r.get::<_, String>(1)?.into(),
-                        uuid: r.get::<_, String>(2)?.into(),
-                        category: r.get::<_, Option<String>>(3)?.map(Into::into),
-                        sums: Sums::none(),
-                    })
-                })
-                .optional()
-            })
-            .map_err(internal)?;
-        if let Some(h) = key {
+        if let Some(h) = held_key(tx, cid)? {
             put(tx, next_table, &h, &[Some(i128::from(value)); 4])?;
         }
     }
