@@ -161,6 +161,9 @@ enum Event {
     Applied(Vec<String>),
     SyncStarted(usize),
     SyncEnded(usize, bool),
+    /// The pipeline's call of `after_apply` began, and ended.
+    AfterApplyStarted,
+    AfterApplyEnded,
     /// The client got an answer for this uuid.
     Reply(String, u16),
 }
@@ -182,6 +185,8 @@ struct Recorder {
 struct RecordedWrites {
     inner: Arc<dyn BlockingWrites>,
     log: Arc<Mutex<Vec<Event>>>,
+    /// While set, `after_apply` waits (up to 10 s) before it forwards.
+    hold_after_apply: Arc<AtomicBool>,
     fail_apply: Arc<AtomicBool>,
     fail_sync: Arc<AtomicBool>,
 }
@@ -200,6 +205,16 @@ impl BlockingWrites for RecordedWrites {
         let out = self.inner.apply(batch)?;
         self.log.lock().unwrap().push(Event::Applied(uuids));
         Ok(out)
+    }
+
+    fn after_apply(&self) {
+        self.log.lock().unwrap().push(Event::AfterApplyStarted);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while self.hold_after_apply.load(SeqCst) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.inner.after_apply();
+        self.log.lock().unwrap().push(Event::AfterApplyEnded);
     }
 
     fn sync(&self) -> Result<(), StoreError> {
@@ -370,6 +385,7 @@ impl Store for Recorder {
 struct Recorded {
     app: TestApp,
     log: Arc<Mutex<Vec<Event>>>,
+    hold_after_apply: Arc<AtomicBool>,
     fail_apply: Arc<AtomicBool>,
     fail_sync: Arc<AtomicBool>,
     fail_reads: Arc<AtomicBool>,
@@ -386,6 +402,8 @@ async fn recorded_on(blocking: bool) -> Recorded {
     let fail_apply = Arc::new(AtomicBool::new(false));
     let fail_sync = Arc::new(AtomicBool::new(false));
     let fail_reads = Arc::new(AtomicBool::new(false));
+    let hold_after_apply = Arc::new(AtomicBool::new(false));
+    let held = hold_after_apply.clone();
     let (l, a, s, r) = (
         log.clone(),
         fail_apply.clone(),
@@ -399,6 +417,7 @@ async fn recorded_on(blocking: bool) -> Recorded {
                     .blocking_writes()
                     .expect("the embedded store's blocking writes"),
                 log: l.clone(),
+                hold_after_apply: held.clone(),
                 fail_apply: a.clone(),
                 fail_sync: s.clone(),
             })
@@ -416,6 +435,7 @@ async fn recorded_on(blocking: bool) -> Recorded {
     Recorded {
         app,
         log,
+        hold_after_apply,
         fail_apply,
         fail_sync,
         fail_reads,
@@ -491,6 +511,35 @@ async fn acknowledgements_follow_their_fsync(blocking: bool) {
             assert_eq!(*status, 503, "{uuid} acknowledged though its sync failed");
         }
     }
+}
+
+/// The work a flush leaves (folding the change log, writing window totals
+/// back) runs while its fsync does: an answer never waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_work_after_a_flush_never_delays_its_answer() {
+    let rec = recorded_on(true).await;
+    rec.hold_after_apply.store(true, SeqCst);
+    increments(&rec, "held-", 1).await;
+    rec.hold_after_apply.store(false, SeqCst);
+    increments(&rec, "after-", 1).await;
+    let log = rec.log.lock().unwrap().clone();
+    let at = |e: &Event| log.iter().position(|x| x == e).unwrap();
+    let applied = log
+        .iter()
+        .position(|e| matches!(e, Event::Applied(u) if u == &["held-0"]))
+        .expect("applied");
+    let started = at(&Event::AfterApplyStarted);
+    let ended = at(&Event::AfterApplyEnded);
+    let replied = at(&Event::Reply("held-0".into(), 200));
+    assert!(applied < started, "after_apply before its flush: {log:?}");
+    assert!(
+        started < replied && replied < ended,
+        "the answer waited for the work after its flush: {log:?}"
+    );
+    assert!(
+        log.contains(&Event::Reply("after-0".into(), 200)),
+        "{log:?}"
+    );
 }
 
 /// A store's own words (paths, SQLite messages) stay in the log; clients

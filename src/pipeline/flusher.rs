@@ -149,6 +149,8 @@ fn busy(
             // The syncer lives as long as its receiver, to the end of this
             // period: the send cannot fail.
             let _ = to_syncer.send(answers);
+            // While the syncer fsyncs: the answers do not wait for it.
+            writes.after_apply();
         }
         if closing {
             ended = true;

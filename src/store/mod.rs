@@ -93,6 +93,14 @@ pub const HALTED_AFTER_FSYNC: &str = "the store stopped acknowledging writes aft
 /// [`Store::apply`] and [`Store::sync`].
 pub trait BlockingWrites: Send + Sync + 'static {
     fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError>;
+    /// The work a flush leaves that its answer need not wait for (the
+    /// embedded store folds a chunk of its change log, writes window totals
+    /// back). The pipeline calls it once the flush is handed to the syncer,
+    /// so it overlaps the fsync instead of delaying the answer. Infallible:
+    /// what fails is logged and retried later. No default: a wrapper that
+    /// forgot to forward it would leave that work undone, and the store's
+    /// memory unbounded.
+    fn after_apply(&self);
     fn sync(&self) -> Result<(), StoreError>;
 }
 

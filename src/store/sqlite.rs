@@ -533,10 +533,19 @@ impl BlockingWrites for Writes {
         self.last_write.wrote();
         // Nothing may follow the commit here that could fail: an error
         // would tell every request of the flush that nothing was applied.
-        // Old idempotency ids are forgotten in the background, and a fold
-        // that fails is only logged.
-        w.fold_after_flush();
+        // Old idempotency ids are forgotten in the background; folding
+        // follows in `after_apply`, while the flush's fsync runs.
         Ok(out)
+    }
+
+    fn after_apply(&self) {
+        if self.halted.load(Ordering::SeqCst) {
+            return;
+        }
+        match self.writer.lock() {
+            Ok(mut w) => w.fold_after_flush(),
+            Err(_) => tracing::error!("writer lock poisoned: nothing folded after a flush"),
+        }
     }
 
     fn sync(&self) -> Result<(), StoreError> {
@@ -1451,9 +1460,13 @@ impl Store for SqliteStore {
     async fn apply(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
         self.check_halted()?;
         let writes = self.writes.clone();
-        tokio::task::spawn_blocking(move || writes.apply(batch))
-            .await
-            .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            let out = writes.apply(batch);
+            writes.after_apply();
+            out
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
     }
 
     /// The pipeline calls these on threads of its own: no task per flush.
