@@ -11,14 +11,16 @@
 //! records its fingerprint on every tenant it copies marks of, and ends by
 //! saying what every gateway on the cluster must be started with.
 
+use std::cmp::Ordering;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::secret::{given_fingerprint, SecretCheck};
 use super::{export, format, import, open_elasticsearch, open_embedded, progress, Unit};
 use crate::config::{SecretArgs, StoreArgs};
 use crate::domain::{format_day, Clock, CounterKey};
-use crate::store::{ActorMark, AverageHistory, CounterHistory, MarkState, Store};
+use crate::store::{ActorMark, AverageHistory, CounterHistory, MarkState, Store, StoreError};
 use crate::tenant::{validate_tenant, DEFAULT_TENANT};
 
 /// Differences printed per tenant; the rest are counted.
@@ -79,8 +81,9 @@ fn key_text(k: &CounterKey) -> String {
     format!("{}/{}/{}", k.entity, k.action, k.uuid)
 }
 
-fn order(a: &CounterKey, b: &CounterKey) -> std::cmp::Ordering {
-    (&*a.entity, &*a.action, &*a.uuid).cmp(&(&*b.entity, &*b.action, &*b.uuid))
+/// The order both stores list counters and averages in.
+fn key_order(k: &CounterKey) -> (Arc<str>, Arc<str>, Arc<str>) {
+    (k.entity.clone(), k.action.clone(), k.uuid.clone())
 }
 
 /// The first day two day lists disagree on, and how many do.
@@ -209,199 +212,196 @@ pub async fn verify_with(
     marks: bool,
 ) -> Result<Verified, String> {
     let mut v = Verified::default();
-    let err = |e: crate::store::StoreError| format!("verifying: {e}");
-    // Counters.
-    let (mut a, mut b) = (VecDeque::new(), VecDeque::new());
-    let (mut a_after, mut b_after): (Option<CounterKey>, Option<CounterKey>) = (None, None);
-    let (mut a_end, mut b_end) = (false, false);
-    loop {
-        if a.is_empty() && !a_end {
-            let page = from
-                .counter_page(a_after.clone(), export::PAGE, from_day)
-                .await
-                .map_err(err)?;
-            a_end = page.len() < export::PAGE;
-            a_after = page.last().map(|c| c.counter.key.clone());
-            a.extend(page);
-        }
-        if b.is_empty() && !b_end {
-            let page = to
-                .counter_page(b_after.clone(), export::PAGE, from_day)
-                .await
-                .map_err(err)?;
-            b_end = page.len() < export::PAGE;
-            b_after = page.last().map(|c| c.counter.key.clone());
-            b.extend(page);
-        }
-        match (a.front(), b.front()) {
-            (None, None) => break,
-            (Some(x), None) => {
-                v.compared += 1;
-                v.differ(format!(
-                    "counter {}: missing in the cluster",
-                    key_text(&x.counter.key)
-                ));
-                a.pop_front();
-            }
-            (None, Some(_)) => {
-                v.only_in_cluster += 1;
-                b.pop_front();
-            }
-            (Some(x), Some(y)) => match order(&x.counter.key, &y.counter.key) {
-                std::cmp::Ordering::Less => {
-                    v.compared += 1;
-                    v.differ(format!(
-                        "counter {}: missing in the cluster",
-                        key_text(&x.counter.key)
-                    ));
-                    a.pop_front();
-                }
-                std::cmp::Ordering::Greater => {
-                    v.only_in_cluster += 1;
-                    b.pop_front();
-                }
-                std::cmp::Ordering::Equal => {
-                    v.compared += 1;
-                    compare_counters(&mut v, x, y);
-                    a.pop_front();
-                    b.pop_front();
-                }
-            },
-        }
-    }
-    // Averages.
-    let (mut a, mut b) = (VecDeque::new(), VecDeque::new());
-    let (mut a_after, mut b_after): (Option<CounterKey>, Option<CounterKey>) = (None, None);
-    let (mut a_end, mut b_end) = (false, false);
-    loop {
-        if a.is_empty() && !a_end {
-            let page = from
-                .average_page(a_after.clone(), export::PAGE, from_day)
-                .await
-                .map_err(err)?;
-            a_end = page.len() < export::PAGE;
-            a_after = page.last().map(|x| x.key.clone());
-            a.extend(page);
-        }
-        if b.is_empty() && !b_end {
-            let page = to
-                .average_page(b_after.clone(), export::PAGE, from_day)
-                .await
-                .map_err(err)?;
-            b_end = page.len() < export::PAGE;
-            b_after = page.last().map(|x| x.key.clone());
-            b.extend(page);
-        }
-        match (a.front(), b.front()) {
-            (None, None) => break,
-            (Some(x), None) => {
-                v.compared += 1;
-                v.differ(format!(
-                    "average {}: missing in the cluster",
-                    key_text(&x.key)
-                ));
-                a.pop_front();
-            }
-            (None, Some(_)) => {
-                v.only_in_cluster += 1;
-                b.pop_front();
-            }
-            (Some(x), Some(y)) => match order(&x.key, &y.key) {
-                std::cmp::Ordering::Less => {
-                    v.compared += 1;
-                    v.differ(format!(
-                        "average {}: missing in the cluster",
-                        key_text(&x.key)
-                    ));
-                    a.pop_front();
-                }
-                std::cmp::Ordering::Greater => {
-                    v.only_in_cluster += 1;
-                    b.pop_front();
-                }
-                std::cmp::Ordering::Equal => {
-                    v.compared += 1;
-                    compare_averages(&mut v, x, y);
-                    a.pop_front();
-                    b.pop_front();
-                }
-            },
-        }
-    }
+    walk::<CounterHistory>(&mut v, from, to, from_day).await?;
+    walk::<AverageHistory>(&mut v, from, to, from_day).await?;
     if marks {
-        verify_marks(&mut v, from, to, from_day).await?;
+        walk::<ActorMark>(&mut v, from, to, from_day).await?;
     }
     Ok(v)
 }
 
-/// The marks of both stores side by side, in the order both list them
-/// (`ActorMark::order`).
-async fn verify_marks(
+/// What [`verify`] reads of both stores, a page at a time, in one order.
+trait Listed: Sized {
+    /// What a difference's message and a failed read name.
+    const WHAT: &'static str;
+    const PAGE: usize;
+    /// The order both stores list in, computed once per entry.
+    type Order: Ord;
+    /// Where the next page starts (exclusive).
+    type Cursor;
+    async fn page(
+        store: &dyn Store,
+        after: Option<Self::Cursor>,
+        from_day: i64,
+    ) -> Result<Vec<Self>, StoreError>;
+    fn order(&self) -> Self::Order;
+    fn cursor(&self) -> Self::Cursor;
+    /// How a difference names it.
+    fn name(&self) -> String;
+    /// Adds to `v` what differs between the copies of both stores.
+    fn compare(v: &mut Verified, a: &Self, b: &Self);
+}
+
+impl Listed for CounterHistory {
+    const WHAT: &'static str = "counters";
+    const PAGE: usize = export::PAGE;
+    type Order = (Arc<str>, Arc<str>, Arc<str>);
+    type Cursor = CounterKey;
+    async fn page(
+        store: &dyn Store,
+        after: Option<CounterKey>,
+        from_day: i64,
+    ) -> Result<Vec<Self>, StoreError> {
+        store.counter_page(after, Self::PAGE, from_day).await
+    }
+    fn order(&self) -> Self::Order {
+        key_order(&self.counter.key)
+    }
+    fn cursor(&self) -> CounterKey {
+        self.counter.key.clone()
+    }
+    fn name(&self) -> String {
+        format!("counter {}", key_text(&self.counter.key))
+    }
+    fn compare(v: &mut Verified, a: &Self, b: &Self) {
+        compare_counters(v, a, b);
+    }
+}
+
+impl Listed for AverageHistory {
+    const WHAT: &'static str = "averages";
+    const PAGE: usize = export::PAGE;
+    type Order = (Arc<str>, Arc<str>, Arc<str>);
+    type Cursor = CounterKey;
+    async fn page(
+        store: &dyn Store,
+        after: Option<CounterKey>,
+        from_day: i64,
+    ) -> Result<Vec<Self>, StoreError> {
+        store.average_page(after, Self::PAGE, from_day).await
+    }
+    fn order(&self) -> Self::Order {
+        key_order(&self.key)
+    }
+    fn cursor(&self) -> CounterKey {
+        self.key.clone()
+    }
+    fn name(&self) -> String {
+        format!("average {}", key_text(&self.key))
+    }
+    fn compare(v: &mut Verified, a: &Self, b: &Self) {
+        compare_averages(v, a, b);
+    }
+}
+
+impl Listed for ActorMark {
+    const WHAT: &'static str = "marks";
+    const PAGE: usize = export::MARK_PAGE;
+    type Order = (Option<i64>, [u8; 16], [u8; 16]);
+    type Cursor = ActorMark;
+    async fn page(
+        store: &dyn Store,
+        after: Option<ActorMark>,
+        from_day: i64,
+    ) -> Result<Vec<Self>, StoreError> {
+        store.mark_page(after, Self::PAGE, from_day).await
+    }
+    fn order(&self) -> Self::Order {
+        ActorMark::order(self)
+    }
+    fn cursor(&self) -> ActorMark {
+        self.clone()
+    }
+    fn name(&self) -> String {
+        mark_text(self)
+    }
+    fn compare(v: &mut Verified, a: &Self, b: &Self) {
+        if a.state != b.state {
+            v.differ(format!(
+                "{}: {} in the embedded store, {} in the cluster",
+                mark_text(a),
+                state_text(a.state),
+                state_text(b.state)
+            ));
+        }
+    }
+}
+
+/// One store's entries of a [`walk`]: the page read and not yet compared.
+struct Pages<T: Listed> {
+    ahead: VecDeque<(T::Order, T)>,
+    after: Option<T::Cursor>,
+    end: bool,
+}
+
+impl<T: Listed> Pages<T> {
+    fn new() -> Self {
+        Pages {
+            ahead: VecDeque::new(),
+            after: None,
+            end: false,
+        }
+    }
+
+    /// Reads the next page once the last one is used up.
+    async fn fill(&mut self, store: &dyn Store, from_day: i64) -> Result<(), String> {
+        if !self.ahead.is_empty() || self.end {
+            return Ok(());
+        }
+        let page = T::page(store, self.after.take(), from_day)
+            .await
+            .map_err(|e| format!("verifying {}: {e}", T::WHAT))?;
+        self.end = page.len() < T::PAGE;
+        self.after = page.last().map(T::cursor);
+        self.ahead.extend(page.into_iter().map(|x| (x.order(), x)));
+        Ok(())
+    }
+
+    fn front(&self) -> Option<&T::Order> {
+        self.ahead.front().map(|(k, _)| k)
+    }
+
+    fn pop(&mut self) -> Option<T> {
+        self.ahead.pop_front().map(|(_, x)| x)
+    }
+}
+
+/// Reads the `T`s of both stores side by side: one missing in the cluster
+/// is a difference, one only in the cluster is counted, one in both is
+/// compared.
+async fn walk<T: Listed>(
     v: &mut Verified,
     from: &dyn Store,
     to: &dyn Store,
     from_day: i64,
 ) -> Result<(), String> {
-    let err = |e: crate::store::StoreError| format!("verifying marks: {e}");
-    // Each entry with its order, computed once.
-    type Keyed = ((Option<i64>, [u8; 16], [u8; 16]), ActorMark);
-    let (mut a, mut b): (VecDeque<Keyed>, VecDeque<Keyed>) = (VecDeque::new(), VecDeque::new());
-    let (mut a_after, mut b_after): (Option<ActorMark>, Option<ActorMark>) = (None, None);
-    let (mut a_end, mut b_end) = (false, false);
+    let (mut a, mut b) = (Pages::<T>::new(), Pages::<T>::new());
     loop {
-        if a.is_empty() && !a_end {
-            let page = from
-                .mark_page(a_after.take(), export::MARK_PAGE, from_day)
-                .await
-                .map_err(err)?;
-            a_end = page.len() < export::MARK_PAGE;
-            a_after = page.last().cloned();
-            a.extend(page.into_iter().map(|m| (m.order(), m)));
-        }
-        if b.is_empty() && !b_end {
-            let page = to
-                .mark_page(b_after.take(), export::MARK_PAGE, from_day)
-                .await
-                .map_err(err)?;
-            b_end = page.len() < export::MARK_PAGE;
-            b_after = page.last().cloned();
-            b.extend(page.into_iter().map(|m| (m.order(), m)));
-        }
-        match (a.front(), b.front()) {
+        a.fill(from, from_day).await?;
+        b.fill(to, from_day).await?;
+        let side = match (a.front(), b.front()) {
             (None, None) => return Ok(()),
-            (Some((_, x)), None) => {
-                v.compared += 1;
-                v.differ(format!("{}: missing in the cluster", mark_text(x)));
-                a.pop_front();
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some(x), Some(y)) => x.cmp(y),
+        };
+        match side {
+            Ordering::Less => {
+                if let Some(x) = a.pop() {
+                    v.compared += 1;
+                    v.differ(format!("{}: missing in the cluster", x.name()));
+                }
             }
-            (None, Some(_)) => {
+            Ordering::Greater => {
+                b.pop();
                 v.only_in_cluster += 1;
-                b.pop_front();
             }
-            (Some((kx, x)), Some((ky, y))) => match kx.cmp(ky) {
-                std::cmp::Ordering::Less => {
+            Ordering::Equal => {
+                if let (Some(x), Some(y)) = (a.pop(), b.pop()) {
                     v.compared += 1;
-                    v.differ(format!("{}: missing in the cluster", mark_text(x)));
-                    a.pop_front();
+                    T::compare(v, &x, &y);
                 }
-                std::cmp::Ordering::Greater => {
-                    v.only_in_cluster += 1;
-                    b.pop_front();
-                }
-                std::cmp::Ordering::Equal => {
-                    v.compared += 1;
-                    if x.state != y.state {
-                        v.differ(format!(
-                            "{}: {} in the embedded store, {} in the cluster",
-                            mark_text(x),
-                            state_text(x.state),
-                            state_text(y.state)
-                        ));
-                    }
-                    a.pop_front();
-                    b.pop_front();
-                }
-            },
+            }
         }
     }
 }
