@@ -72,6 +72,29 @@ impl ElasticsearchStore {
         self.post_json(path, &params, body).await
     }
 
+    /// A call whose answer must be a 200; any other status is an error
+    /// saying `what` answered it, and why (the engine's error).
+    pub(super) async fn call_ok(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+        what: &str,
+    ) -> Result<Value, StoreError> {
+        let (status, answer) = self.call(method, path, query, body).await?;
+        if status != 200 {
+            return Err(status_error(
+                status,
+                format!(
+                    "{what} answered {status} {}",
+                    super::response::describe_error(answer.get("error"))
+                ),
+            ));
+        }
+        Ok(answer)
+    }
+
     /// A POST of a JSON body whose answer must be a 200. Query parameters
     /// are passed as given: Elasticsearch refuses any an API does not know
     /// (`_mget` takes no `ignore_unavailable`).

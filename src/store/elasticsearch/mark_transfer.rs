@@ -381,18 +381,14 @@ impl ElasticsearchStore {
         let index = self.config.names.actor_marks();
         let body = serde_json::to_vec(&json!({"_meta": {FINGERPRINT_META: fingerprint}}))
             .map_err(|e| StoreError::Internal(e.to_string()))?;
-        let (status, answer) = self
-            .call(Method::Put, &format!("/{index}/_mapping"), &[], Some(body))
-            .await?;
-        if status != 200 {
-            return Err(status_error(
-                status,
-                format!(
-                    "recording the actor secret's fingerprint on {index} answered {status} {}",
-                    response::describe_error(answer.get("error"))
-                ),
-            ));
-        }
+        self.call_ok(
+            Method::Put,
+            &format!("/{index}/_mapping"),
+            &[],
+            Some(body),
+            &format!("recording the actor secret's fingerprint on {index}"),
+        )
+        .await?;
         Ok(())
     }
 
@@ -400,23 +396,15 @@ impl ElasticsearchStore {
     /// by index name: what a gateway checks its secret against at start.
     pub async fn recorded_fingerprints(&self) -> Result<Vec<(String, String)>, StoreError> {
         let (pattern, _) = self.config.names.all_actor_marks();
-        let (status, answer) = self
-            .call(
+        let answer = self
+            .call_ok(
                 Method::Get,
                 &format!("/{pattern}/_mapping"),
                 &[("ignore_unavailable", "true"), ("allow_no_indices", "true")],
                 None,
+                &format!("reading the mappings of {pattern}"),
             )
             .await?;
-        if status != 200 {
-            return Err(status_error(
-                status,
-                format!(
-                    "reading the mappings of {pattern} answered {status} {}",
-                    response::describe_error(answer.get("error"))
-                ),
-            ));
-        }
         let mut out: Vec<(String, String)> = answer
             .as_object()
             .into_iter()

@@ -42,23 +42,15 @@ impl ElasticsearchStore {
         let path = format!("/{}/_search", self.config.names.counters());
         let body = serde_json::to_vec(&request::target_query(entity, uuid))
             .map_err(|e| StoreError::Internal(e.to_string()))?;
-        let (status, answer) = self
-            .call(
+        let answer = self
+            .call_ok(
                 Method::Post,
                 &path,
                 &[("ignore_unavailable", "true")],
                 Some(body),
+                "search",
             )
             .await?;
-        if status != 200 {
-            return Err(status_error(
-                status,
-                format!(
-                    "search answered {status} {}",
-                    response::describe_error(answer.get("error"))
-                ),
-            ));
-        }
         response::counters_from_search(&answer).map_err(StoreError::Internal)
     }
 

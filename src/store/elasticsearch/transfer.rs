@@ -32,7 +32,6 @@ use std::time::Duration;
 use elasticsearch::http::Method;
 use serde_json::{json, Map, Value};
 
-use super::client::status_error;
 use super::request::bucket_doc_id;
 use super::response::{self, ItemClass};
 use super::ElasticsearchStore;
@@ -77,23 +76,14 @@ impl ElasticsearchStore {
     /// acknowledged before it.
     pub(super) async fn refresh_tenant(&self, pattern: &str) -> Result<(), StoreError> {
         let lenient = [("ignore_unavailable", "true"), ("allow_no_indices", "true")];
-        let (status, answer) = self
-            .call(
-                Method::Post,
-                &format!("/{pattern}/_refresh"),
-                &lenient,
-                None,
-            )
-            .await?;
-        if status != 200 {
-            return Err(status_error(
-                status,
-                format!(
-                    "refresh answered {status} {}",
-                    response::describe_error(answer.get("error"))
-                ),
-            ));
-        }
+        self.call_ok(
+            Method::Post,
+            &format!("/{pattern}/_refresh"),
+            &lenient,
+            None,
+            "refresh",
+        )
+        .await?;
         Ok(())
     }
 

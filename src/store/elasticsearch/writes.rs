@@ -243,24 +243,7 @@ impl ElasticsearchStore {
             self.config.names.buckets_pattern(),
             self.config.names.actor_marks_pattern()
         );
-        let lenient = [("ignore_unavailable", "true"), ("allow_no_indices", "true")];
-        let (status, answer) = self
-            .call(
-                Method::Post,
-                &format!("/{pattern}/_refresh"),
-                &lenient,
-                None,
-            )
-            .await?;
-        if status != 200 {
-            return Err(status_error(
-                status,
-                format!(
-                    "refresh answered {status} {}",
-                    response::describe_error(answer.get("error"))
-                ),
-            ));
-        }
+        self.refresh_tenant(&pattern).await?;
         let body = serde_json::to_vec(&request::buckets_of_counter_query(&id))
             .map_err(|e| StoreError::Internal(e.to_string()))?;
         let mut params = search_routing(&id);
