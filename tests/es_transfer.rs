@@ -411,67 +411,6 @@ async fn migrate_copies_every_tenant_and_verifies_and_reports_an_altered_counter
     cleanup(&url, &p).await;
 }
 
-/// Likes, an unlike and views over HTTP on an embedded gateway, by actors
-/// whose names must never leave it: on ARTICLE/like, alice and bob like a1
-/// (carol likes it, then takes it back), dave likes a2; on
-/// ARTICLE/VIEW/a1, visitor-1 views today and yesterday, visitor-2 today,
-/// visitor-3 399 days ago.
-async fn liked_and_viewed(app: &common::TestApp) {
-    for (who, uuid) in [
-        ("alice", "a1"),
-        ("bob", "a1"),
-        ("carol", "a1"),
-        ("dave", "a2"),
-    ] {
-        let r = app
-            .increment(
-                "ARTICLE",
-                "like",
-                uuid,
-                json!({"actor": who, "unique": "ever"}),
-            )
-            .await;
-        assert_eq!(r.json["counted"], json!(true), "{}", r.text);
-    }
-    let r = app
-        .post(
-            &common::counter_path("ARTICLE", "like", "a1", "/decrement"),
-            json!({"actor": "carol", "unique": "ever"}),
-        )
-        .await;
-    assert_eq!(r.json["counted"], json!(true), "{}", r.text);
-    let views: Vec<Value> = [
-        ("visitor-1", 0),
-        ("visitor-1", 1),
-        ("visitor-2", 0),
-        ("visitor-3", 399),
-    ]
-    .iter()
-    .map(|(who, n)| {
-        json!({"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "actor": who, "unique": "day",
-                   "timestamp": common::rfc3339(common::test_now() - chrono::Duration::days(*n))})
-    })
-    .collect();
-    let r = app.post("/v1/events", json!({ "events": views })).await;
-    assert_eq!(
-        r.json,
-        json!({"accepted": 4, "duplicates": 0}),
-        "{}",
-        r.text
-    );
-}
-
-/// The secret in a data directory, and its fingerprint.
-fn secret_in(dir: &Path) -> (String, String) {
-    let secret = std::fs::read_to_string(dir.join("actor-secret")).unwrap();
-    let secret = secret.trim().to_string();
-    let fp = counter_gateway::domain::ActorKey::new(secret.as_bytes())
-        .unwrap()
-        .fingerprint()
-        .unwrap();
-    (secret, fp)
-}
-
 async fn export_marked(
     store: &dyn Store,
     fingerprint: Option<String>,
@@ -525,8 +464,8 @@ async fn marks_round_trip_on_elasticsearch_as_on_the_embedded_store() {
     let url = cluster().await;
     let (p1, p2) = (prefix(), prefix());
     let app = common::TestApp::start().await;
-    liked_and_viewed(&app).await;
-    let (_, fp) = secret_in(app.data_dir());
+    common::liked_and_viewed(&app).await;
+    let (_, fp) = common::actor_secret_of(app.data_dir());
     let file = export_marked(&*app.state.store, Some(fp.clone()), rules()).await;
     assert_eq!(
         file.lines()
@@ -746,10 +685,10 @@ async fn migrate_carries_marks_and_a_gateway_with_the_secret_it_names_counts_no_
     let url = cluster().await;
     let p = prefix();
     let app = common::TestApp::start().await;
-    liked_and_viewed(&app).await;
+    common::liked_and_viewed(&app).await;
     let (dir, _) = app.stop().await;
     let data = dir.path();
-    let (secret, fp) = secret_in(data);
+    let (secret, fp) = common::actor_secret_of(data);
 
     let args = migrate_args(data, &url, &p);
     let done = migrate::run(&args, clock())
@@ -826,7 +765,7 @@ async fn migrate_carries_marks_and_a_gateway_with_the_secret_it_names_counts_no_
     };
     let (s, b) = post(
         format!("{base}/v1/counters/ARTICLE/like/a1/increment"),
-        like("alice"),
+        like("alice@example.org"),
     )
     .await;
     assert_eq!(

@@ -774,75 +774,6 @@ fn an_import_killed_mid_file_resumes_from_its_checkpoint() {
     );
 }
 
-/// Likes, an unlike and views over HTTP, by actors whose names must never
-/// reach a file: on ARTICLE/like, alice and bob like a1 (carol likes it,
-/// then takes it back), dave likes a2; on ARTICLE/VIEW/a1, visitor-1 views
-/// today and yesterday, visitor-2 today, visitor-3 399 days ago.
-async fn liked_and_viewed(app: &TestApp) {
-    for (who, uuid) in [
-        ("alice@example.org", "a1"),
-        ("bob", "a1"),
-        ("carol", "a1"),
-        ("dave", "a2"),
-    ] {
-        let r = app
-            .increment(
-                "ARTICLE",
-                "like",
-                uuid,
-                json!({"actor": who, "unique": "ever"}),
-            )
-            .await;
-        assert_eq!(
-            (r.status, &r.json["counted"]),
-            (200, &json!(true)),
-            "{}",
-            r.text
-        );
-    }
-    let r = app
-        .post(
-            &common::counter_path("ARTICLE", "like", "a1", "/decrement"),
-            json!({"actor": "carol", "unique": "ever"}),
-        )
-        .await;
-    assert_eq!(
-        (r.status, &r.json["counted"]),
-        (200, &json!(true)),
-        "{}",
-        r.text
-    );
-    let views: Vec<Value> = [
-        ("visitor-1", 0),
-        ("visitor-1", 1),
-        ("visitor-2", 0),
-        ("visitor-3", 399),
-    ]
-    .iter()
-    .map(|(who, n)| {
-        json!({"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "actor": who,
-                   "unique": "day", "timestamp": ts(*n)})
-    })
-    .collect();
-    let r = app.post("/v1/events", json!({ "events": views })).await;
-    assert_eq!(
-        r.json,
-        json!({"accepted": 4, "duplicates": 0}),
-        "{}",
-        r.text
-    );
-}
-
-/// The secret a test app made in its data directory, and its fingerprint.
-fn secret_of(dir: &std::path::Path) -> (String, String) {
-    let secret = std::fs::read_to_string(dir.join("actor-secret")).unwrap();
-    let fp = counter_gateway::domain::ActorKey::new(secret.trim().as_bytes())
-        .unwrap()
-        .fingerprint()
-        .unwrap();
-    (secret.trim().to_string(), fp)
-}
-
 /// An export naming `fingerprint`, with days from `rules`' retention on.
 async fn export_marked(
     store: &dyn Store,
@@ -890,8 +821,8 @@ fn open_store(dir: &std::path::Path) -> SqliteStore {
 #[tokio::test]
 async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
     let app = TestApp::start().await;
-    liked_and_viewed(&app).await;
-    let (secret, fp) = secret_of(app.data_dir());
+    common::liked_and_viewed(&app).await;
+    let (secret, fp) = common::actor_secret_of(app.data_dir());
     let file = export_marked(&*app.state.store, Some(&fp), rules()).await;
     let all = lines(&file);
     assert_eq!(all[0]["version"], 2);
@@ -954,7 +885,10 @@ async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
         .await
         .unwrap();
     assert_eq!((done.marks, done.marks_expired), (7, 0));
-    assert_eq!(secret_of(dir.path()), (secret.clone(), fp.clone()));
+    assert_eq!(
+        common::actor_secret_of(dir.path()),
+        (secret.clone(), fp.clone())
+    );
     // Twice: the same state, the same file.
     import_text(&store, &file, &into_dir(dir.path(), None))
         .await
@@ -1006,8 +940,8 @@ async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
 #[tokio::test]
 async fn a_mark_past_the_retention_is_neither_exported_nor_imported() {
     let app = TestApp::start().await;
-    liked_and_viewed(&app).await;
-    let (_, fp) = secret_of(app.data_dir());
+    common::liked_and_viewed(&app).await;
+    let (_, fp) = common::actor_secret_of(app.data_dir());
     let now = export_marked(&*app.state.store, Some(&fp), rules()).await;
     let old_mark = format!(r#""scope":"day","day":"{}""#, day(399));
     assert!(now.contains(&old_mark), "{now}");
@@ -1030,7 +964,7 @@ async fn a_mark_past_the_retention_is_neither_exported_nor_imported() {
     .await
     .unwrap_err();
     assert!(done.contains("actor-secret"), "{done}");
-    let (secret, _) = secret_of(app.data_dir());
+    let (secret, _) = common::actor_secret_of(app.data_dir());
     let done = import::read_all(
         &*store,
         now.as_bytes(),
@@ -1113,7 +1047,7 @@ async fn a_file_of_marks_keyed_with_another_secret_is_refused_before_anything_is
     .unwrap();
     assert_eq!(done.marks, 1);
     assert_eq!(
-        secret_of(dir.path()).1,
+        common::actor_secret_of(dir.path()).1,
         our_fp,
         "the store's own file is left alone"
     );
@@ -1140,8 +1074,8 @@ async fn a_file_of_marks_keyed_with_another_secret_is_refused_before_anything_is
 #[tokio::test]
 async fn marks_of_an_earlier_version_are_named_at_open_and_exported() {
     let app = TestApp::start().await;
-    liked_and_viewed(&app).await;
-    let (_, fp) = secret_of(app.data_dir());
+    common::liked_and_viewed(&app).await;
+    let (_, fp) = common::actor_secret_of(app.data_dir());
     let before = export_marked(&*app.state.store, Some(&fp), rules()).await;
     let (dir, _) = app.stop().await;
     let db = rusqlite::Connection::open(dir.path().join("counters.sqlite3")).unwrap();

@@ -616,3 +616,77 @@ store_wrapper!(Stuck, |self, batch| {
     let _open = self.gate.acquire().await.expect("gate");
     self.inner.apply(batch).await
 });
+
+/// Likes, an unlike and views over HTTP, by actors whose names must never
+/// leave the gateway (a file, a document): on ARTICLE/like,
+/// alice@example.org and bob like a1 (carol likes it, then takes it back),
+/// dave likes a2; on ARTICLE/VIEW/a1, visitor-1 views today and yesterday,
+/// visitor-2 today, visitor-3 399 days ago.
+pub async fn liked_and_viewed(app: &TestApp) {
+    use serde_json::json;
+    for (who, uuid) in [
+        ("alice@example.org", "a1"),
+        ("bob", "a1"),
+        ("carol", "a1"),
+        ("dave", "a2"),
+    ] {
+        let r = app
+            .increment(
+                "ARTICLE",
+                "like",
+                uuid,
+                json!({"actor": who, "unique": "ever"}),
+            )
+            .await;
+        assert_eq!(
+            (r.status, &r.json["counted"]),
+            (200, &json!(true)),
+            "{}",
+            r.text
+        );
+    }
+    let r = app
+        .post(
+            &counter_path("ARTICLE", "like", "a1", "/decrement"),
+            json!({"actor": "carol", "unique": "ever"}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, &r.json["counted"]),
+        (200, &json!(true)),
+        "{}",
+        r.text
+    );
+    let views: Vec<Value> = [
+        ("visitor-1", 0),
+        ("visitor-1", 1),
+        ("visitor-2", 0),
+        ("visitor-3", 399),
+    ]
+    .iter()
+    .map(|(who, n)| {
+        json!({"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "actor": who,
+               "unique": "day",
+               "timestamp": rfc3339(test_now() - chrono::Duration::days(*n))})
+    })
+    .collect();
+    let r = app.post("/v1/events", json!({ "events": views })).await;
+    assert_eq!(
+        r.json,
+        json!({"accepted": 4, "duplicates": 0}),
+        "{}",
+        r.text
+    );
+}
+
+/// The actor secret a gateway made in its data directory, and its
+/// fingerprint.
+pub fn actor_secret_of(dir: &Path) -> (String, String) {
+    let secret = std::fs::read_to_string(dir.join("actor-secret")).unwrap();
+    let secret = secret.trim().to_string();
+    let fp = ActorKey::new(secret.as_bytes())
+        .unwrap()
+        .fingerprint()
+        .unwrap();
+    (secret, fp)
+}
