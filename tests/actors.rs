@@ -289,3 +289,46 @@ async fn a_repeat_is_answered_from_its_own_flush() {
         assert_eq!(out.store_writes, 0, "nothing written: {out:?}");
     }
 }
+
+/// Every counting write checks the crawler before it takes an actor's
+/// tokens: a crawler's batch or increment is answered as ignored and
+/// leaves every actor its whole budget (issue 21, item 6: the batch took
+/// the tokens first).
+#[tokio::test]
+async fn a_crawlers_writes_spend_no_actor_budget() {
+    const GOOGLEBOT: &str =
+        "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)";
+    let app = TestApp::start_with(Options {
+        actor_limits: vec!["like: 2 per hour per actor".into()],
+        ..Options::default()
+    })
+    .await;
+    let like = json!({"entity": "ARTICLE", "action": "like", "uuid": "a1", "actor": "alice"});
+    let batch = json!({"events": [like, like]});
+    let r = app
+        .send(
+            app.http
+                .post(app.url("/v1/events"))
+                .header("user-agent", GOOGLEBOT)
+                .header("origin", "https://blog.example")
+                .json(&batch),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let path = counter_path("ARTICLE", "like", "a1", "/increment");
+    let r = app
+        .send(
+            app.http
+                .post(app.url(&path))
+                .header("user-agent", GOOGLEBOT)
+                .header("origin", "https://blog.example")
+                .json(&json!({"actor": "alice"})),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    // Alice still has both likes of her hour, in one batch.
+    let r = app.post("/v1/events", batch).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(app.value("ARTICLE", "like", "a1").await, Some(2));
+    assert_eq!(app.metric("counter_gateway_throttled_total").await, 0.0);
+}
