@@ -323,8 +323,9 @@ pub struct ServeArgs {
     pub tenant_idle_timeout: Duration,
 
     /// Lets browsers and CDNs keep `GET /v1/counters` answers this long
-    /// (`Cache-Control: public, max-age=<seconds>`), whole seconds, e.g.
-    /// `30s`. Absent: `Cache-Control: no-cache` (kept, but revalidated by
+    /// (`Cache-Control: public, max-age=<seconds>` for a `public` key or a
+    /// keyless gateway; `private, ...` for `read` and `admin` keys, which
+    /// only the browser may keep), whole seconds, e.g. `30s`. Absent: `Cache-Control: no-cache` (kept, but revalidated by
     /// ETag on every use, so a page never shows a stale value).
     #[arg(long, env = "COUNTER_GATEWAY_COUNTERS_CACHE_MAX_AGE", value_parser = humantime::parse_duration)]
     pub counters_cache_max_age: Option<Duration>,
