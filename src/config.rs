@@ -300,6 +300,12 @@ pub struct ServeArgs {
     #[arg(long, env = "COUNTER_GATEWAY_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
 
+    /// Without API keys, the `Host` names (or `name:port`) answered besides
+    /// loopback ones, comma-separated; `*` for any (only behind a proxy that
+    /// checks Host itself). Guards a keyless gateway against DNS rebinding.
+    #[arg(long, env = "COUNTER_GATEWAY_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+
     /// Longest a request may take, reading its body included; past it the
     /// answer is 503 `timeout`. `0s` turns the limit off.
     #[arg(long, env = "COUNTER_GATEWAY_REQUEST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
@@ -404,6 +410,15 @@ impl ServeArgs {
             );
         }
         crate::api::edge::cors(&self.cors_origins)?;
+        if let Some(bad) = self
+            .allowed_hosts
+            .iter()
+            .find(|h| h.trim().is_empty() || h.trim().contains(['/', ' ']))
+        {
+            return Err(format!(
+                "--allowed-hosts: {bad:?} is not a host name like counts.example or counts.example:8080"
+            ));
+        }
         if let Some(age) = self.counters_cache_max_age {
             if age.as_secs() == 0 || age.subsec_nanos() != 0 {
                 return Err("--counters-cache-max-age must be whole seconds, at least 1s (leave it out for no-cache)".into());

@@ -37,6 +37,11 @@ pub enum ApiError {
     Forbidden(String),
     #[error("{0}")]
     NotFound(String),
+    /// A keyless gateway was asked under a `Host` that is neither loopback
+    /// nor listed with `--allowed-hosts` (421: a DNS-rebinding page's
+    /// request, or a proxy that forwards a name we were not told of).
+    #[error("the Host {0:?} is not a loopback name or address; a gateway without API keys answers only those and the hosts listed with --allowed-hosts")]
+    HostNotAllowed(String),
     #[error("method not allowed")]
     MethodNotAllowed,
     /// The addition would leave the signed 64-bit range; nothing was applied.
@@ -81,6 +86,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::HostNotAllowed(_) => StatusCode::MISDIRECTED_REQUEST,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Overflow(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -102,6 +108,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
+            ApiError::HostNotAllowed(_) => "host_not_allowed",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Overflow(_) => "counter_overflow",
             ApiError::PayloadTooLarge(_) => "payload_too_large",

@@ -123,6 +123,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     tracing::info!(
         keys = keys.len(),
         cors_origins = ?args.cors_origins,
+        allowed_hosts = ?args.allowed_hosts,
         rate_limit_per_second = ?args.rate_limit_per_second,
         request_timeout = ?args.request_timeout,
         max_tenants = args.max_tenants,
@@ -139,6 +140,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             .map(|n| Arc::new(crate::ratelimit::RateLimiter::new(n))),
         request_timeout: (!args.request_timeout.is_zero()).then_some(args.request_timeout),
         cors_origins: args.cors_origins.clone().into(),
+        allowed_hosts: args
+            .allowed_hosts
+            .iter()
+            .map(|h| h.trim().to_owned())
+            .collect(),
         metrics,
         counters_max_age: args.counters_cache_max_age,
         count_crawlers: args.count_crawlers,

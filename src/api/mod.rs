@@ -42,6 +42,9 @@ pub struct Gateway {
     pub request_timeout: Option<Duration>,
     /// Allowed browser origins (empty: no CORS).
     pub cors_origins: Arc<[String]>,
+    /// `--allowed-hosts`: `Host` names a keyless gateway answers besides
+    /// loopback ones (`*`: any). Unused when keys are configured.
+    pub allowed_hosts: Arc<[String]>,
     pub metrics: Arc<Metrics>,
     /// `max-age` of `GET /v1/counters` answers, `public` for a `public`
     /// key or a keyless gateway, else `private`; `None`:
@@ -61,6 +64,7 @@ impl Gateway {
             rate_limit: None,
             request_timeout: None,
             cors_origins: Arc::new([]),
+            allowed_hosts: Arc::new([]),
             counters_max_age: None,
             count_crawlers: false,
         }
@@ -125,6 +129,11 @@ pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        // Inside `observe`, so refusals are counted like any answer.
+        .layer(axum::middleware::from_fn_with_state(
+            gw.clone(),
+            edge::check_host,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             gw.clone(),
             edge::observe,

@@ -37,6 +37,8 @@ pub struct Options {
     pub rate_limit_per_second: Option<u32>,
     pub request_timeout: Option<Duration>,
     pub cors_origins: Vec<String>,
+    /// `--allowed-hosts`.
+    pub allowed_hosts: Vec<String>,
     pub max_tenants: usize,
     /// The app's clock: it stands at [`test_now`] until a test moves it.
     pub clock: ManualClock,
@@ -69,6 +71,7 @@ impl Default for Options {
             rate_limit_per_second: None,
             request_timeout: None,
             cors_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
             max_tenants: 100,
             clock: ManualClock::new(test_now()),
             counters_max_age: None,
@@ -201,6 +204,7 @@ impl TestApp {
                 .map(|n| Arc::new(RateLimiter::new(n))),
             request_timeout: options.request_timeout,
             cors_origins: options.cors_origins.clone().into(),
+            allowed_hosts: options.allowed_hosts.clone().into(),
             metrics,
             counters_max_age: options.counters_max_age,
             count_crawlers: options.count_crawlers,
