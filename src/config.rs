@@ -45,7 +45,7 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Install the Elasticsearch index templates, ILM policy and stored scripts, then exit.
     Setup(crate::store::elasticsearch::SetupArgs),
-    /// Write a tenant's counters, averages and day buckets as NDJSON (see the README).
+    /// Write a tenant's counters, averages and day buckets as NDJSON (see src/transfer/README.md).
     Export(Box<ExportArgs>),
     /// Set counters, averages and days from NDJSON written by `export` (or by hand).
     Import(Box<ImportArgs>),
@@ -281,7 +281,7 @@ pub struct ServeArgs {
     pub shutdown_timeout: Duration,
 
     /// File of API keys, one per line: `<role> <tenant|*> <sha256-hex-of-key>`,
-    /// role `write`, `read` or `admin` (see the README). Without any key the
+    /// role `write`, `read` or `admin` (see src/api/README.md, "Tenants and API keys"). Without any key the
     /// gateway listens on loopback only.
     #[arg(long, env = "COUNTER_GATEWAY_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
