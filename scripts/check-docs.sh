@@ -64,8 +64,8 @@ check '"value":5' -XPOST -H 'content-type: application/json' -d '{"count": 5, "c
 check '{"accepted":2,"duplicates":0}' -XPOST -H 'content-type: application/json' "$base/v1/events" -d '{"events": [
     {"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "id": "evt-1"},
     {"entity": "ARTICLE", "action": "VIEW", "uuid": "a2", "count": 3}]}'
-check 'VIDEO_VIEW' "$base/v1/targets/VIDEO/$uuid/counters"
-check 'a2' "$base/v1/top/ARTICLE/VIEW?interval=last_week&size=10"
+check '"action":"like"' "$base/v1/targets/VIDEO/$uuid/counters"
+check '"counters":[{"id":"ARTICLE_VIEW_a2"' "$base/v1/top/ARTICLE/VIEW?interval=last_week&size=10"
 check 'invalid_request' -XPOST -H 'content-type: application/json' -d '{"count": 1.5}' "$base/v1/counters/VIDEO/VIEW/x/increment"
 check 'openapi' "$base/openapi.json"
 check '<' "$base/dashboard"
