@@ -200,11 +200,14 @@ impl StoreArgs {
         Ok(())
     }
 
+    /// The time rules of data moved in and out; `unique` events arrive
+    /// only at `serve`, which sets their bound ([`ServeArgs::time_policy`]).
     pub fn time_policy(&self) -> TimePolicy {
         TimePolicy {
             retention_days: self.retention_days,
             max_skew: chrono::Duration::from_std(self.max_clock_skew)
                 .unwrap_or_else(|_| chrono::Duration::minutes(5)),
+            unique_max_age: crate::domain::DEFAULT_UNIQUE_MAX_AGE,
         }
     }
 }
@@ -323,8 +326,9 @@ pub struct ServeArgs {
     pub tenant_idle_timeout: Duration,
 
     /// Lets browsers and CDNs keep `GET /v1/counters` answers this long
-    /// (`Cache-Control: public, max-age=<seconds>`), whole seconds, e.g.
-    /// `30s`. Absent: `Cache-Control: no-cache` (kept, but revalidated by
+    /// (`Cache-Control: public, max-age=<seconds>` for a `public` key or a
+    /// keyless gateway; `private, ...` for `read` and `admin` keys, which
+    /// only the browser may keep), whole seconds, e.g. `30s`. Absent: `Cache-Control: no-cache` (kept, but revalidated by
     /// ETag on every use, so a page never shows a stale value).
     #[arg(long, env = "COUNTER_GATEWAY_COUNTERS_CACHE_MAX_AGE", value_parser = humantime::parse_duration)]
     pub counters_cache_max_age: Option<Duration>,
@@ -337,6 +341,13 @@ pub struct ServeArgs {
     /// environment variable: a flag shows in the process list.
     #[arg(long, env = "COUNTER_GATEWAY_ACTOR_SECRET", hide_env_values = true)]
     pub actor_secret: Option<String>,
+
+    /// How far back of the server clock a `unique` event (once per actor)
+    /// may be dated; older ones get 400. A `unique: day` view counts once
+    /// per actor and day, so this bounds the days one actor can add a view
+    /// to by backdating (the default: at most three, today's included).
+    #[arg(long, env = "COUNTER_GATEWAY_UNIQUE_MAX_AGE", default_value = "2days", value_parser = humantime::parse_duration)]
+    pub unique_max_age: Duration,
 
     /// A limit per actor, repeatable: `[<entity>/]<action>: <n> per [<k>]
     /// <second|minute|hour|day> per actor`, e.g. `like: 10 per hour per
@@ -413,6 +424,18 @@ impl ServeArgs {
                 .map_err(|e| format!("--actor-secret: {e}"))?;
         }
         self.actor_limits()?;
+        if self.unique_max_age < Duration::from_secs(60) {
+            return Err("--unique-max-age must be at least 1m: a client's clock and its queue of beacons lag the server's".into());
+        }
+        let retention = Duration::from_secs(u64::from(self.store.retention_days) * 86_400);
+        if chrono::Duration::from_std(self.unique_max_age).is_err()
+            || self.unique_max_age > retention
+        {
+            return Err(format!(
+                "--unique-max-age must not exceed the retention (--retention-days {}): older events are refused anyway",
+                self.store.retention_days
+            ));
+        }
         Ok(())
     }
 
@@ -463,7 +486,11 @@ impl ServeArgs {
     }
 
     pub fn time_policy(&self) -> TimePolicy {
-        self.store.time_policy()
+        TimePolicy {
+            unique_max_age: chrono::Duration::from_std(self.unique_max_age)
+                .unwrap_or(crate::domain::DEFAULT_UNIQUE_MAX_AGE),
+            ..self.store.time_policy()
+        }
     }
 
     pub fn limits(&self) -> Limits {
@@ -657,6 +684,19 @@ mod tests {
             .validate()
             .is_ok());
         assert!(parse(&[]).actor_limits().unwrap().is_none());
+    }
+
+    #[test]
+    fn the_unique_max_age_defaults_to_two_days_and_is_bounded() {
+        let a = parse(&[]);
+        assert_eq!(a.time_policy().unique_max_age, chrono::Duration::days(2));
+        let a = parse(&["--unique-max-age", "6h"]);
+        assert!(a.validate().is_ok());
+        assert_eq!(a.time_policy().unique_max_age, chrono::Duration::hours(6));
+        for bad in ["10s", "500days"] {
+            let e = parse(&["--unique-max-age", bad]).validate().unwrap_err();
+            assert!(e.contains("--unique-max-age"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -62,6 +62,31 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The actor secret and the limits per actor (this tenant's buckets).
     pub actors: crate::actors::Actors,
+    /// `Some` for a write to a tenant that is not open yet: the handler
+    /// validates the request first, and only a write about to be applied
+    /// opens (and, the first time, creates) the tenant through
+    /// [`AppState::opened`]. Nothing of a bad request touches the disk.
+    pub pending: Option<Pending>,
+}
+
+/// A tenant a write named that is not open: what [`AppState::opened`] needs
+/// to open it.
+#[derive(Clone)]
+pub struct Pending {
+    tenants: Arc<Tenants>,
+    name: String,
+}
+
+impl AppState {
+    /// The app a write is applied through: this one when its tenant is
+    /// open, else the tenant opened now (created if it has no store yet).
+    /// Called once the request is known to be valid and to be applied.
+    pub async fn opened(self: Arc<Self>) -> Result<Arc<AppState>, TenantError> {
+        match &self.pending {
+            None => Ok(self),
+            Some(p) => p.tenants.open_for_write(&p.name).await,
+        }
+    }
 }
 
 /// Where the stores of tenants other than the default come from.
@@ -72,6 +97,12 @@ pub trait TenantStores: Send + Sync + 'static {
     /// How to read `tenant` while it is not open, without creating
     /// anything. May block on I/O (a look at the disk).
     fn unopened(&self, tenant: &str) -> Result<Unopened, String>;
+    /// How many tenants other than the default hold a store now (open or
+    /// not), or `None` when that cannot be told cheaply. Bounds what a
+    /// write key of every tenant can create. May block on I/O.
+    fn stored(&self) -> Result<Option<usize>, String> {
+        Ok(None)
+    }
 }
 
 /// How a tenant that is not open is read.
@@ -136,6 +167,22 @@ impl TenantStores for Embedded {
             Err(e) => Err(format!("{}: {e}", db.display())),
         }
     }
+
+    fn stored(&self) -> Result<Option<usize>, String> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Some(0)),
+            Err(e) => return Err(format!("{}: {e}", self.dir.display())),
+        };
+        let mut n = 0;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("{}: {e}", self.dir.display()))?;
+            if entry.path().join(crate::store::sqlite::DB_FILE).exists() {
+                n += 1;
+            }
+        }
+        Ok(Some(n))
+    }
 }
 
 /// Opens tenants of an Elasticsearch store: the same client over each
@@ -189,12 +236,28 @@ pub enum TenantError {
     BadName(String),
     #[error("this gateway serves at most {0} tenants at once")]
     TooMany(usize),
+
     #[error("this gateway serves only the default tenant")]
     Disabled,
     #[error("cannot open the store of tenant {tenant}: {reason}")]
     Open { tenant: String, reason: String },
     #[error("the gateway is shutting down")]
     Closed,
+}
+
+/// What a client is told when its tenant cannot be served (the same
+/// mapping the access layer makes).
+impl From<TenantError> for crate::error::ApiError {
+    fn from(e: TenantError) -> Self {
+        use crate::error::ApiError;
+        match e {
+            TenantError::BadName(m) => ApiError::BadRequest(m),
+            TenantError::Disabled => ApiError::BadRequest(e.to_string()),
+            TenantError::TooMany(_) | TenantError::Closed | TenantError::Open { .. } => {
+                ApiError::Unavailable(e.to_string())
+            }
+        }
+    }
 }
 
 /// An open tenant other than the default.
@@ -206,11 +269,24 @@ struct OpenTenant {
     used_ms: AtomicU64,
 }
 
+/// A tenant being closed: done once its pipeline has stopped and its store
+/// has been dropped (which folds the change log and writes window totals
+/// back), so a reopening never runs a second store on the same files.
+struct Closing {
+    done: tokio::sync::watch::Receiver<bool>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// How long a reopening waits for the tenant's close before answering 503.
+const CLOSE_WAIT: Duration = Duration::from_secs(30);
+
 /// Every tenant's store and pipeline.
 pub struct Tenants {
     default: Arc<AppState>,
     default_flusher: Mutex<Option<JoinHandle<()>>>,
     others: RwLock<HashMap<String, OpenTenant>>,
+    /// Tenants closed by [`Tenants::close_idle`] whose close may still run.
+    closing: Mutex<HashMap<String, Closing>>,
     /// `None`: only the default tenant exists.
     stores: Option<Arc<dyn TenantStores>>,
     /// What reads of a tenant that is not open get, with the store to read
@@ -270,6 +346,7 @@ impl Tenants {
             limits,
             metrics,
             actors,
+            pending: None,
         };
         let read_only = stores.as_ref().map(|_| {
             let empty: Arc<dyn Store> = Arc::new(EmptyStore);
@@ -290,6 +367,7 @@ impl Tenants {
             default: Arc::new(default),
             default_flusher: Mutex::new(Some(flusher)),
             others: RwLock::new(HashMap::new()),
+            closing: Mutex::new(HashMap::new()),
             stores,
             read_only,
             max_tenants: max_tenants.max(1),
@@ -310,6 +388,7 @@ impl Tenants {
             default: Arc::new(app),
             default_flusher: Mutex::new(None),
             others: RwLock::new(HashMap::new()),
+            closing: Mutex::new(HashMap::new()),
             stores: None,
             read_only: None,
             max_tenants: 1,
@@ -324,12 +403,35 @@ impl Tenants {
         &self.default
     }
 
-    /// The app of `tenant` for a write, opening it first if it is not open.
-    /// `tenant` must have been validated.
-    pub async fn writer(&self, tenant: &str) -> Result<Arc<AppState>, TenantError> {
+    /// The app of `tenant` for a write: the open tenant's, else one that
+    /// opens it only when the write is applied ([`AppState::opened`]), so
+    /// that a request refused (a bad body, a crawler, a `HEAD`) creates
+    /// nothing.
+    pub async fn writer(self: &Arc<Self>, tenant: &str) -> Result<Arc<AppState>, TenantError> {
         if tenant == DEFAULT_TENANT {
             return Ok(self.default.clone());
         }
+        if let Some(app) = self.lookup(tenant) {
+            return Ok(app);
+        }
+        let read_only = self.read_only.as_ref().ok_or(TenantError::Disabled)?;
+        validate_tenant(tenant).map_err(TenantError::BadName)?;
+        if self.closed.load(Ordering::Acquire) {
+            return Err(TenantError::Closed);
+        }
+        Ok(Arc::new(AppState {
+            actors: self.default.actors.for_tenant(tenant),
+            pending: Some(Pending {
+                tenants: self.clone(),
+                name: tenant.to_string(),
+            }),
+            ..AppState::clone(read_only)
+        }))
+    }
+
+    /// The open app of `tenant` for a write being applied, opened now if
+    /// it is not open.
+    async fn open_for_write(&self, tenant: &str) -> Result<Arc<AppState>, TenantError> {
         if let Some(app) = self.lookup(tenant) {
             return Ok(app);
         }
@@ -379,6 +481,7 @@ impl Tenants {
     async fn create(&self, tenant: &str) -> Result<Arc<AppState>, TenantError> {
         let stores = self.stores.clone().ok_or(TenantError::Disabled)?;
         validate_tenant(tenant).map_err(TenantError::BadName)?;
+        self.closed_before(tenant).await?;
         let _one_at_a_time = self.creating.lock().await;
         if let Some(app) = self.lookup(tenant) {
             return Ok(app);
@@ -390,7 +493,22 @@ impl Tenants {
             return Err(TenantError::TooMany(self.max_tenants));
         }
         let name = tenant.to_string();
-        let store = blocking(tenant, move || stores.open(&name)).await?;
+        let max = self.max_tenants;
+        let store = blocking(tenant, move || {
+            // A tenant without a store yet is a new one on disk: counted
+            // against the bound with every stored one, open or not.
+            if matches!(stores.unopened(&name)?, Unopened::Empty) {
+                if let Some(n) = stores.stored()? {
+                    if n + 1 >= max {
+                        return Err(format!(
+                            "this gateway keeps at most {max} tenants on disk, the default counted, open or not: a new one is refused until an operator removes one (its directory) or raises --max-tenants"
+                        ));
+                    }
+                }
+            }
+            stores.open(&name)
+        })
+        .await?;
         let (pipeline, flusher) = Pipeline::start_sharing(
             store.clone(),
             self.pipeline.clone(),
@@ -422,11 +540,42 @@ impl Tenants {
         Ok(app)
     }
 
+    /// Waits until the close of `tenant` that [`Tenants::close_idle`]
+    /// began (if any) is over: its store dropped, its files written back.
+    async fn closed_before(&self, tenant: &str) -> Result<(), TenantError> {
+        let done = match self.closing.lock().expect("closing lock").get(tenant) {
+            Some(c) => c.done.clone(),
+            None => return Ok(()),
+        };
+        let mut done = done;
+        let waited = tokio::time::timeout(CLOSE_WAIT, done.wait_for(|d| *d))
+            .await
+            .map(|_| ());
+        match waited {
+            // Ended, or its task is gone (which drops the sender when done).
+            Ok(_) => {
+                let mut closing = self.closing.lock().expect("closing lock");
+                if closing.get(tenant).is_some_and(|c| *c.done.borrow()) {
+                    closing.remove(tenant);
+                }
+                Ok(())
+            }
+            Err(_) => Err(TenantError::Open {
+                tenant: tenant.to_string(),
+                reason: format!(
+                    "its store is still being closed after {}s; try again",
+                    CLOSE_WAIT.as_secs()
+                ),
+            }),
+        }
+    }
+
     /// Closes the tenants (never the default) that no request has used for
     /// `idle` and that no request holds right now: each one's pipeline
     /// flushes what it holds (nothing, since no request holds it) and
-    /// stops, which drops its store. A later request opens it again.
-    /// Answers how many were closed.
+    /// stops, then its store is dropped on a blocking thread (folding its
+    /// change log and writing window totals back). A later request opens
+    /// it again once that is over. Answers how many were closed.
     pub fn close_idle(&self, idle: Duration) -> usize {
         let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
         let now = self.now_ms();
@@ -436,20 +585,39 @@ impl Tenants {
             // app with one handle (the map's), whose pipeline has one too,
             // has no request on it.
             let mut others = self.others.write().expect("tenants lock");
-            others.retain(|name, open| {
-                let quiet = now.saturating_sub(open.used_ms.load(Ordering::Relaxed)) >= idle_ms;
-                let unheld = Arc::strong_count(&open.app) == 1 && open.app.pipeline.handles() == 1;
-                if quiet && unheld {
-                    closing.push(name.clone());
+            let names: Vec<String> = others
+                .iter()
+                .filter(|(_, open)| {
+                    let quiet = now.saturating_sub(open.used_ms.load(Ordering::Relaxed)) >= idle_ms;
+                    let unheld =
+                        Arc::strong_count(&open.app) == 1 && open.app.pipeline.handles() == 1;
+                    quiet && unheld
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in names {
+                if let Some(open) = others.remove(&name) {
                     open.app.pipeline.stop();
+                    closing.push((name, open));
                 }
-                !(quiet && unheld)
-            });
+            }
         }
-        for tenant in &closing {
+        let n = closing.len();
+        let mut waits = self.closing.lock().expect("closing lock");
+        waits.retain(|_, c| !*c.done.borrow());
+        for (tenant, open) in closing {
+            let (tx, done) = tokio::sync::watch::channel(false);
+            let task = tokio::spawn(finish_close(open, tx));
+            waits.insert(
+                tenant.clone(),
+                Closing {
+                    done,
+                    task: Some(task),
+                },
+            );
             tracing::info!(tenant = %tenant, "idle tenant closed");
         }
-        closing.len()
+        n
     }
 
     /// Closes idle tenants in the background, every so often, until the
@@ -508,8 +676,37 @@ impl Tenants {
             open.app.pipeline.close();
             flushers.push(open.flusher);
         }
+        let mut closing = self.closing.lock().expect("closing lock");
+        flushers.extend(closing.values_mut().filter_map(|c| c.task.take()));
         flushers
     }
+}
+
+/// The end of an idle tenant's close: its flusher stops, then the last
+/// handle on its store is dropped here, on a blocking thread, so that
+/// `done` says true only once the store's files are written back.
+async fn finish_close(open: OpenTenant, done: tokio::sync::watch::Sender<bool>) {
+    let OpenTenant { app, flusher, .. } = open;
+    if let Err(e) = flusher.await {
+        tracing::warn!(error = %e, "the flusher of a closing tenant failed");
+    }
+    let store = match Arc::try_unwrap(app) {
+        Ok(app) => app.store,
+        Err(app) => app.store.clone(),
+    };
+    let dropped = tokio::task::spawn_blocking(move || {
+        // Whoever else still holds the store (a read that began before the
+        // close) lets go soon; the drop must be the last one, here.
+        while Arc::strong_count(&store) > 1 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        drop(store);
+    })
+    .await;
+    if let Err(e) = dropped {
+        tracing::warn!(error = %e, "closing a tenant's store failed");
+    }
+    let _ = done.send(true);
 }
 
 /// Runs `f` (store I/O) on a blocking thread, so a slow disk never stalls

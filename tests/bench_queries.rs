@@ -156,6 +156,7 @@ async fn query_timings_at_a_million_counters() {
         limits: Limits::default(),
         metrics,
         actors: Default::default(),
+        pending: None,
     });
 
     let started = Instant::now();

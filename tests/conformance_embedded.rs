@@ -40,6 +40,7 @@ async fn embedded(clock: ManualClock) -> Target {
         limits: Limits::default(),
         metrics,
         actors: runner::actors(),
+        pending: None,
     };
     Target {
         router: router(state),

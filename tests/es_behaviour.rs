@@ -1252,6 +1252,7 @@ fn app_with_clock(store: Arc<ElasticsearchStore>, clock: Clock) -> Router {
         limits: Limits::default(),
         metrics,
         actors: runner::actors(),
+        pending: None,
     })
 }
 
@@ -1951,6 +1952,7 @@ async fn bulk_items_are_bounded_by_distinct_keys_not_requests() {
         limits: Limits::default(),
         metrics,
         actors: Default::default(),
+        pending: None,
     });
     let mut tasks = Vec::new();
     for i in 0..300 {

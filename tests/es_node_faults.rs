@@ -189,6 +189,7 @@ async fn the_node_killed_mid_traffic_loses_no_acknowledged_increment() {
         limits: Limits::default(),
         metrics,
         actors: Default::default(),
+        pending: None,
     });
 
     // Clients: four loops, each on one key, sending +1 until told to stop.

@@ -178,6 +178,7 @@ fn router_with(store: Arc<dyn Store>, clock: Clock, config: PipelineConfig) -> R
         limits: Limits::default(),
         metrics,
         actors: runner::actors(),
+        pending: None,
     })
 }
 

@@ -369,6 +369,65 @@ async fn cache_control_follows_the_flag() {
     );
 }
 
+/// `public` lets a shared cache keep an answer to a request that carried
+/// `Authorization`, and many CDNs ignore `Vary`: only answers any page may
+/// have (a `public` key's, a keyless gateway's) are `public`; a `read` or
+/// `admin` key's are `private`, kept by the browser alone. On a 304 too.
+#[tokio::test]
+async fn only_public_keys_and_keyless_gateways_get_public_cache_control() {
+    let url = "/v1/counters?keys=A/V/x";
+    let keys = key_line("public", "*", "pub")
+        + &key_line("read", "*", "rd")
+        + &key_line("admin", "*", "adm")
+        + &key_line("write", "*", "wr");
+    let app = TestApp::start_with(Options {
+        keys,
+        counters_max_age: Some(Duration::from_secs(30)),
+        ..Options::default()
+    })
+    .await;
+    for (key, expected) in [
+        ("pub", "public, max-age=30"),
+        ("rd", "private, max-age=30"),
+        ("adm", "private, max-age=30"),
+    ] {
+        for in_url in [false, true] {
+            let req = if in_url {
+                app.http.get(app.url(&format!("{url}&key={key}")))
+            } else {
+                app.http.get(app.url(url)).bearer_auth(key)
+            };
+            let r = app.send(req).await;
+            assert_eq!(r.status, 200, "{key}: {}", r.text);
+            assert_eq!(r.header("cache-control"), Some(expected), "{key}");
+            let tag = r.header("etag").unwrap().to_string();
+            let again = app
+                .send(
+                    app.http
+                        .get(app.url(url))
+                        .bearer_auth(key)
+                        .header("if-none-match", tag),
+                )
+                .await;
+            assert_eq!(again.status, 304, "{key}");
+            assert_eq!(again.header("cache-control"), Some(expected), "{key}");
+        }
+    }
+    // A write key reads nothing, so it has no answer to cache.
+    let r = app.send(app.http.get(app.url(url)).bearer_auth("wr")).await;
+    assert_error(&r, 403, "forbidden", &[]);
+    assert_eq!(r.header("cache-control"), None);
+
+    let keyless = TestApp::start_with(Options {
+        counters_max_age: Some(Duration::from_secs(30)),
+        ..Options::default()
+    })
+    .await;
+    let r = keyless.get(url).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.header("cache-control"), Some("public, max-age=30"));
+}
+
 #[tokio::test]
 async fn a_public_key_reads_counters_by_key_only_and_any_page_may_read_the_answer() {
     let keys = key_line("public", "acme", "pub")

@@ -387,3 +387,264 @@ async fn opening_a_tenant_does_not_stall_other_requests() {
     let r = slow.await.expect("task").expect("slow");
     assert_eq!(r.status(), 200);
 }
+
+/// A write that a tenant would refuse, or that counts nothing, creates no
+/// tenant: the body is validated before the tenant is opened (issue 21,
+/// item 9: a 400 batch, a `HEAD` of the pixel and a crawler's write each
+/// made a directory and a database).
+#[tokio::test]
+async fn only_an_applied_write_creates_a_tenant() {
+    const GOOGLEBOT: &str =
+        "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)";
+    let app = TestApp::start().await;
+    let tenants = app.data_dir().join("tenants");
+    let made = |name: &str| tenants.join(name).exists();
+    let batch = |tenant: &str, body: serde_json::Value| {
+        app.http
+            .post(app.url("/v1/events"))
+            .header("x-tenant", tenant)
+            .json(&body)
+    };
+    let r = app
+        .send(batch(
+            "bad-batch",
+            json!({"events": [{"entity": "V", "action": "VIEW"}]}),
+        ))
+        .await;
+    assert_error(&r, 400, "invalid_events", &["invalid event"]);
+    let r = app
+        .send(
+            app.http
+                .post(app.url(&format!("{PATH}/increment")))
+                .header("x-tenant", "bad-body")
+                .body("{not json"),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    let r = app
+        .request(
+            reqwest::Method::HEAD,
+            "/v1/pixel/V/VIEW/u1?tenant=head-only",
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = app
+        .send(
+            batch(
+                "crawled",
+                json!({"events": [{"entity": "V", "action": "VIEW", "uuid": "u1"}]}),
+            )
+            .header("user-agent", GOOGLEBOT)
+            .header("origin", "https://blog.example"),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let r = app
+        .send(
+            app.http
+                .put(app.url("/v1/counters/V/VIEW/u1/days/not-a-day"))
+                .header("x-tenant", "bad-day")
+                .json(&json!({"value": 1})),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    for name in ["bad-batch", "bad-body", "head-only", "crawled", "bad-day"] {
+        assert!(!made(name), "a refused write created tenant {name}");
+    }
+    assert_eq!(app.metric("counter_gateway_tenants").await, 1.0);
+    // The write that is applied creates it.
+    let r = app
+        .send(batch(
+            "counted",
+            json!({"events": [{"entity": "V", "action": "VIEW", "uuid": "u1"}]}),
+        ))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(made("counted"));
+    assert_eq!(value_of(&app, "counted").await, None);
+    let r = app
+        .send(
+            app.http
+                .get(app.url("/v1/counters/V/VIEW/u1"))
+                .header("x-tenant", "counted"),
+        )
+        .await;
+    assert_eq!(r.json["value"], 1, "{}", r.text);
+}
+
+/// `--max-tenants` bounds the tenants kept on disk, not only those open:
+/// closing idle tenants makes no room for new ones (issue 21, item 9: a
+/// write key of `*` could fill the disk with made-up tenants, closed as
+/// they went idle). The known ones reopen.
+#[tokio::test]
+async fn the_bound_on_tenants_counts_those_on_disk() {
+    let app = TestApp::start_with(Options {
+        max_tenants: 3,
+        ..Options::default()
+    })
+    .await;
+    assert_eq!(bump(&app, Some("t1"), 1).await.status, 200);
+    assert_eq!(bump(&app, Some("t2"), 1).await.status, 200);
+    assert_eq!(app.tenants.close_idle(Duration::ZERO), 2);
+    assert_eq!(app.metric("counter_gateway_tenants").await, 1.0);
+    let r = bump(&app, Some("t3"), 1).await;
+    assert_error(&r, 503, "unavailable", &["at most 3 tenants", "on disk"]);
+    assert!(!app.data_dir().join("tenants/t3").exists());
+    assert_eq!(bump(&app, Some("t1"), 1).await.status, 200);
+    assert_eq!(bump(&app, Some("t2"), 1).await.status, 200);
+    assert_eq!(value_of(&app, "t1").await, Some(2));
+}
+
+/// Tenant stores that keep a handle on every store they open (as a close
+/// still under way would) and count the openings.
+struct HeldStores {
+    inner: std::sync::Arc<dyn TenantStores>,
+    held: std::sync::Mutex<Vec<std::sync::Arc<dyn Store>>>,
+    opened: std::sync::atomic::AtomicUsize,
+}
+
+impl TenantStores for HeldStores {
+    fn open(&self, tenant: &str) -> Result<std::sync::Arc<dyn Store>, String> {
+        let store = self.inner.open(tenant)?;
+        self.held.lock().expect("held").push(store.clone());
+        self.opened.fetch_add(1, Ordering::SeqCst);
+        Ok(store)
+    }
+
+    fn unopened(&self, tenant: &str) -> Result<Unopened, String> {
+        self.inner.unopened(tenant)
+    }
+
+    fn stored(&self) -> Result<Option<usize>, String> {
+        self.inner.stored()
+    }
+}
+
+/// An idle tenant written to again while its close is still under way
+/// (its old store not yet dropped: the drop folds the change log and
+/// writes window totals back) waits for that close, and never runs a
+/// second store on the same files: every count and window total is there
+/// afterwards (issue 21, item 13).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_reopened_while_closing_waits_for_the_close() {
+    use counter_gateway::domain::{Clock, Increment, IncrementSpec, Interner, ManualClock};
+    use counter_gateway::store::sqlite::{Durability, SqliteStore};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let manual = ManualClock::new(common::test_now());
+    let clock: Clock = manual.clock();
+    let window = Duration::from_secs(86_400);
+    let store =
+        SqliteStore::open(dir.path(), Durability::Full, window, 400, clock.clone()).expect("store");
+    let stores = std::sync::Arc::new(HeldStores {
+        inner: counter_gateway::tenant::embedded(
+            dir.path(),
+            Durability::Full,
+            window,
+            400,
+            clock.clone(),
+        ),
+        held: Default::default(),
+        opened: Default::default(),
+    });
+    let tenants = std::sync::Arc::new(Tenants::start(
+        std::sync::Arc::new(store),
+        PipelineConfig::default(),
+        Shared {
+            time_policy: Options::default().time_policy,
+            clock: clock.clone(),
+            limits: Options::default().limits,
+            metrics: Default::default(),
+            actors: Default::default(),
+        },
+        Some(stores.clone()),
+        10,
+    ));
+    let views = |n: usize, from: usize| -> Vec<Increment> {
+        (from..from + n)
+            .map(|i| {
+                let uuid = format!("v{}", i % 50);
+                let spec = IncrementSpec {
+                    entity: "VIDEO",
+                    action: "VIEW",
+                    uuid: &uuid,
+                    count: Some(1),
+                    ..IncrementSpec::default()
+                };
+                Increment::from_event(
+                    &spec,
+                    &Options::default().time_policy,
+                    clock.now(),
+                    &mut Interner::default(),
+                    &Default::default(),
+                )
+                .expect("a view")
+            })
+            .collect()
+    };
+    let today = counter_gateway::domain::day_of(clock.now());
+    let write = |tenants: std::sync::Arc<Tenants>, incs: Vec<Increment>| async move {
+        let app = tenants.writer("acme").await.expect("writer");
+        let app = app.opened().await.expect("opened");
+        app.pipeline.submit(incs, None).await.expect("submit");
+    };
+    write(tenants.clone(), views(5_000, 0)).await;
+    assert_eq!(tenants.close_idle(Duration::ZERO), 1);
+    // Written again while the old store is still held (its close not over).
+    let again = tokio::spawn(write(tenants.clone(), views(500, 5_000)));
+    let waiting = std::time::Instant::now();
+    while stores.opened.load(Ordering::SeqCst) < 2 && waiting.elapsed() < Duration::from_millis(500)
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let reopened_under_the_old = stores.opened.load(Ordering::SeqCst) == 2;
+    // The old store lets go: its drop folds and writes back.
+    let old = stores.held.lock().expect("held").remove(0);
+    drop(old);
+    again.await.expect("the second write");
+    assert!(
+        !reopened_under_the_old,
+        "a second store was opened on the files of one still closing"
+    );
+    // Every view is there, in the counters and in the window's totals,
+    // read now and after another close and reopening.
+    for round in 0..2 {
+        let app = tenants.reader("acme").await.expect("reader");
+        let mut total = 0;
+        let mut in_day: i128 = 0;
+        for i in 0..50 {
+            let key = counter_gateway::domain::CounterKey::new("VIDEO", "VIEW", &format!("v{i}"))
+                .expect("key");
+            total += app
+                .store
+                .get(&key)
+                .await
+                .expect("get")
+                .map_or(0, |c| c.value);
+        }
+        let top = app
+            .store
+            .top(&counter_gateway::store::TopQuery {
+                entity: "VIDEO".into(),
+                action: "VIEW".into(),
+                window: Some(counter_gateway::domain::Window {
+                    from_day: today - 6,
+                    to_day: today,
+                }),
+                category: None,
+                size: 100,
+            })
+            .await
+            .expect("top");
+        for e in &top.entries {
+            in_day += e.value;
+        }
+        assert_eq!((total, in_day), (5_500, 5_500), "round {round}");
+        drop(app);
+        stores.held.lock().expect("held").clear();
+        tenants.close_idle(Duration::ZERO);
+    }
+    for f in tenants.close() {
+        let _ = f.await;
+    }
+}

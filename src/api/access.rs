@@ -66,10 +66,14 @@ role_extractor!(AdminWriter, Role::Admin, writer);
 /// The tenant's app, for a request allowed to read counters by their keys
 /// (the multi-read): a `public` key, or any key that may read. `public`
 /// says the key was a `public` one, whose answers any web page may read
-/// (CORS), since the key is meant to be in pages.
+/// (CORS), since the key is meant to be in pages. `shareable` says a
+/// shared cache may keep the answer for everyone: a `public` key's (it is
+/// in pages anyway) or a keyless gateway's, never one made with a private
+/// (`read`, `admin`) key, which a CDN ignoring `Vary` would hand out.
 pub struct CounterReader {
     pub app: Arc<AppState>,
     pub public: bool,
+    pub shareable: bool,
 }
 
 impl FromRequestParts<Arc<Gateway>> for CounterReader {
@@ -81,6 +85,7 @@ impl FromRequestParts<Arc<Gateway>> for CounterReader {
         Ok(CounterReader {
             app,
             public: role == Some(Role::Public),
+            shareable: matches!(role, None | Some(Role::Public)),
         })
     }
 }

@@ -116,6 +116,7 @@ pub async fn post(
     // Not held while the write waits: the queue's bound counts the increment.
     drop(b);
     drop(body);
+    let app = app.opened().await?;
     let applied = app.pipeline.submit(vec![inc], None).await?;
     let all = window(&app, None, None, None)?;
     let avg = app.store.average(&key, None).await?.ok_or_else(|| {

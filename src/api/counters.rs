@@ -85,13 +85,26 @@ pub enum Skipped {
     Repeat,
 }
 
-/// Takes what a request asks of the limits per actor, or refuses it whole
-/// (429 `throttled`), before anything of it is queued.
-pub(super) fn take_limits(app: &AppState, asks: &Asks) -> Result<(), ApiError> {
+/// The one order of every counting write, once its request is validated
+/// whole: a crawler's request is answered as ignored (`None`) and spends
+/// nothing, neither an actor's budget nor a tenant (none is created for
+/// it); then the tenant is opened (created by its first applied write);
+/// then what the request asks of the limits per actor is taken, or it is
+/// refused whole (429 `throttled`) before anything of it is queued.
+pub(super) async fn applying(
+    app: Arc<AppState>,
+    crawler: bool,
+    asks: &Asks,
+) -> Result<Option<Arc<AppState>>, ApiError> {
+    if crawler {
+        return Ok(None);
+    }
+    let app = app.opened().await?;
     app.actors.take(asks, app.clock.now_ms()).map_err(|t| {
         app.metrics.record_throttled();
         ApiError::from(t)
-    })
+    })?;
+    Ok(Some(app))
 }
 
 #[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/increment",
@@ -132,6 +145,7 @@ async fn add(
     crawler: bool,
 ) -> Result<Response, ApiError> {
     app.pipeline.admit()?;
+    let metrics = app.metrics.clone();
     let parsed: IncrementBody = if body.iter().all(u8::is_ascii_whitespace) {
         IncrementBody::default()
     } else {
@@ -146,13 +160,12 @@ async fn add(
         &app.actors.key,
     )
     .map_err(ApiError::BadRequest)?;
-    if crawler {
-        return Ok(crawlers::ignored(&app.metrics, 1));
-    }
     let mut asks = Asks::default();
     app.actors
         .ask(&mut asks, 0, &inc.key, spec.actor, inc.delta);
-    take_limits(&app, &asks)?;
+    let Some(app) = applying(app, crawler, &asks).await? else {
+        return Ok(crawlers::ignored(&metrics, 1));
+    };
     let key = inc.key.clone();
     // The queue's bound in bytes counts the increment, not the body (up to
     // --max-body-bytes of white space): it is not held while the write waits.

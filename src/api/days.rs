@@ -122,6 +122,7 @@ pub async fn put_one(
     )
     .map_err(ApiError::BadRequest)?;
     let (key, day, value) = (set.key.clone(), set.day, set.value);
+    let app = app.opened().await?;
     let (previous, mut counters) = apply(&app, vec![set]).await?;
     Ok(Json(DaySetAnswer {
         day: format_day(day),
@@ -193,6 +194,7 @@ pub async fn put_many(
         return Err(ApiError::InvalidDays(errors));
     }
     let values: Vec<i64> = sets.iter().map(|s| s.value).collect();
+    let app = app.opened().await?;
     let (previous, _) = apply(&app, sets).await?;
     let changed = values.iter().zip(&previous).filter(|(v, p)| v != p).count();
     Ok(Json(DaysAnswer {

@@ -34,11 +34,11 @@ pub async fn post(
         &app.actors,
     )?;
     // Every event of the batch checked before any token is taken.
-    super::counters::take_limits(&app, &asks)?;
     let accepted = incs.len();
-    if crawler {
-        return Ok(crawlers::ignored(&app.metrics, accepted));
-    }
+    let metrics = app.metrics.clone();
+    let Some(app) = super::counters::applying(app, crawler, &asks).await? else {
+        return Ok(crawlers::ignored(&metrics, accepted));
+    };
     // The increments own their strings: the body and its parse need not be
     // held while the write waits in the queue (its bound counts increments).
     drop(body);

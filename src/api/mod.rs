@@ -45,7 +45,8 @@ pub struct Gateway {
     /// Allowed browser origins (empty: no CORS).
     pub cors_origins: Arc<[String]>,
     pub metrics: Arc<Metrics>,
-    /// `max-age` of `GET /v1/counters` answers, sent as `public`; `None`:
+    /// `max-age` of `GET /v1/counters` answers, `public` for a `public`
+    /// key or a keyless gateway, else `private`; `None`:
     /// `no-cache` (caches revalidate every time, by ETag).
     pub counters_max_age: Option<Duration>,
     /// `--count-crawlers`: count browser ingestion from known crawlers too.

@@ -103,7 +103,7 @@ pub async fn post(reader: CounterReader, JsonBytes(body): JsonBytes) -> Result<R
     security(("bearer" = ["public"]), ("key" = ["public"])),
     responses((status = 200, description = "Success", body = Answer, headers(
             ("ETag" = String, description = "Strong; from the answer's bytes"),
-            ("Cache-Control" = String, description = "public, max-age=N with --counters-cache-max-age, else no-cache"))),
+            ("Cache-Control" = String, description = "With --counters-cache-max-age: public, max-age=N for a public key or a keyless gateway, private, max-age=N for a read or admin key; else no-cache"))),
         NotModified))]
 pub async fn get(
     reader: CounterReader,
@@ -127,7 +127,15 @@ pub async fn get(
     );
     let cache = match gw.counters_max_age {
         Some(age) => {
-            HeaderValue::from_str(&format!("public, max-age={}", age.as_secs())).expect("digits")
+            // `public` lets a shared cache keep an answer to a request with
+            // `Authorization`; only `Vary` would keep one key's answer from
+            // another's, and many CDNs ignore it.
+            let scope = if reader.shareable {
+                "public"
+            } else {
+                "private"
+            };
+            HeaderValue::from_str(&format!("{scope}, max-age={}", age.as_secs())).expect("digits")
         }
         // Caches may keep the answer but must ask each time; with the ETag
         // an unchanged answer costs a 304.

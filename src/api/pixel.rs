@@ -120,15 +120,15 @@ pub async fn get(
     if method == Method::HEAD {
         return Ok(gif(StatusCode::OK, None));
     }
-    if crawler {
-        crawlers::record(&app.metrics, 1);
-        return Ok(gif(StatusCode::ACCEPTED, Some(crawlers::CRAWLER)));
-    }
     app.pipeline.admit()?;
     let mut asks = Asks::default();
     app.actors
         .ask(&mut asks, 0, &inc.key, spec.actor, inc.delta);
-    super::counters::take_limits(&app, &asks)?;
+    let metrics = app.metrics.clone();
+    let Some(app) = super::counters::applying(app, crawler, &asks).await? else {
+        crawlers::record(&metrics, 1);
+        return Ok(gif(StatusCode::ACCEPTED, Some(crawlers::CRAWLER)));
+    };
     let applied = app.pipeline.submit(vec![inc], None).await?;
     app.metrics.record_repeats(applied.repeats);
     Ok(gif(StatusCode::OK, None))

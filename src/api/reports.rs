@@ -164,11 +164,22 @@ pub async fn stale(
     .into_response())
 }
 
+/// Leading characters that make a spreadsheet read a cell as a formula
+/// (OWASP's list for CSV injection).
+const FORMULA_STARTS: [char; 6] = ['=', '+', '-', '@', '\t', '\r'];
+
 /// RFC 4180: a field holding a comma, quote or line break is quoted, with
-/// quotes doubled.
+/// quotes doubled. A field that a spreadsheet would evaluate (a name such
+/// as `=HYPERLINK(...)`, sent by anyone with a write key, opened by an
+/// operator from the dashboard's "Download CSV") gets a `'` in front,
+/// inside the quotes, as OWASP recommends: the cell then shows the text.
 fn csv_field(out: &mut String, v: &str) {
-    if v.contains([',', '"', '\n', '\r']) {
+    let formula = v.starts_with(FORMULA_STARTS);
+    if formula || v.contains([',', '"', '\n', '\r']) {
         out.push('"');
+        if formula {
+            out.push('\'');
+        }
         out.push_str(&v.replace('"', "\"\""));
         out.push('"');
     } else {
@@ -295,6 +306,29 @@ mod tests {
         ] {
             assert!(decode_cursor(bad).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[test]
+    fn csv_neutralises_every_formula_start_and_only_those() {
+        for c in FORMULA_STARTS {
+            let v = format!("{c}1+1");
+            let mut out = String::new();
+            csv_field(&mut out, &v);
+            assert_eq!(out, format!("\"'{c}1+1\""), "{c:?}");
+            // Inside a field, they are text already.
+            let mut out = String::new();
+            csv_field(&mut out, &format!("a{c}b"));
+            let quoted = c == '\r';
+            assert_eq!(out.starts_with('"'), quoted, "{c:?}: {out}");
+            assert!(!out.contains('\''), "{c:?}: {out}");
+        }
+        // A formula with quotes and commas: one field, quotes doubled.
+        let mut out = String::new();
+        csv_field(&mut out, "=HYPERLINK(\"http://x\",\"y\")");
+        assert_eq!(out, "\"'=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\"");
+        let mut out = String::new();
+        csv_field(&mut out, "plain");
+        assert_eq!(out, "plain");
     }
 
     #[test]
