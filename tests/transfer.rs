@@ -820,7 +820,7 @@ fn open_store(dir: &std::path::Path) -> SqliteStore {
 /// gateway on the imported store does not count a repeat like or view.
 #[tokio::test]
 async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
-    let app = TestApp::start().await;
+    let app = TestApp::start_with(common::backdating()).await;
     common::liked_and_viewed(&app).await;
     let (secret, fp) = common::actor_secret_of(app.data_dir());
     let file = export_marked(&*app.state.store, Some(&fp), rules()).await;
@@ -939,7 +939,7 @@ async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
 /// event of that day is accepted. A file exported one day imports the next.
 #[tokio::test]
 async fn a_mark_past_the_retention_is_neither_exported_nor_imported() {
-    let app = TestApp::start().await;
+    let app = TestApp::start_with(common::backdating()).await;
     common::liked_and_viewed(&app).await;
     let (_, fp) = common::actor_secret_of(app.data_dir());
     let now = export_marked(&*app.state.store, Some(&fp), rules()).await;
@@ -1124,7 +1124,7 @@ async fn a_resumed_import_checks_an_actor_secret_line_whose_keys_were_reordered(
 /// existed (an earlier version) gets it filled at open: its marks export.
 #[tokio::test]
 async fn marks_of_an_earlier_version_are_named_at_open_and_exported() {
-    let app = TestApp::start().await;
+    let app = TestApp::start_with(common::backdating()).await;
     common::liked_and_viewed(&app).await;
     let (_, fp) = common::actor_secret_of(app.data_dir());
     let before = export_marked(&*app.state.store, Some(&fp), rules()).await;
