@@ -19,6 +19,10 @@ cargo test --locked 2>&1 | tee "$log"
 count() { awk -v what="$2" '/^test result:/ { for (i = 2; i <= NF; i++) if ($i == what) n += $(i - 1) } END { print n + 0 }' "$1"; }
 passed=$(count "$log" "passed;"); failed=$(count "$log" "failed;"); ignored=$(count "$log" "ignored;")
 
+# Every relative link of every Markdown page resolves; the README's commands run.
+echo "== docs check"
+scripts/check-docs.sh
+
 # The suites whose answers depend on the date, again at chosen dates: a
 # month's last day, 31 December, 29 February, and a second before midnight
 # (day_change.rs also starts a tenth of a second before midnight and crosses

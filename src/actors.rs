@@ -319,11 +319,17 @@ pub fn embedded_secret(data_dir: &std::path::Path) -> Result<ActorKey, String> {
 
 /// The secret in `<data_dir>/actor-secret`, if that file exists (never
 /// made here: `export` and `migrate` read it, and must not invent one).
+/// An empty file is an error, never taken as absent: it may be what a crash
+/// of an earlier version left of a secret marks were keyed with, and a new
+/// secret would count every one of those actors again.
 pub fn existing_embedded_secret(data_dir: &std::path::Path) -> Result<Option<ActorKey>, String> {
     let path = data_dir.join(SECRET_FILE);
     let shown = path.display();
-    match std::fs::read_to_string(&path) {
-        Ok(text) => ActorKey::new(text.trim().as_bytes())
+    match std::fs::read(&path) {
+        Ok(bytes) if bytes.trim_ascii().is_empty() => Err(format!(
+            "the actor secret {shown} is empty (an earlier version could leave it so when it crashed while writing it): restore it from a backup of this data directory; only if no event with `unique` was ever counted here, delete it and a new one is made"
+        )),
+        Ok(bytes) => ActorKey::new(&bytes)
             .map(Some)
             .map_err(|e| format!("{shown}: {e}")),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -331,29 +337,50 @@ pub fn existing_embedded_secret(data_dir: &std::path::Path) -> Result<Option<Act
     }
 }
 
-/// Writes `secret` to `<data_dir>/actor-secret` (readable by the owner
-/// only, fsync'd with its directory) unless that file exists; `false` when
-/// it did (left as it is). How `import` hands the secret of the marks it
-/// brings to the gateway that will serve them.
+/// Writes `secret` to `<data_dir>/actor-secret` unless that file exists;
+/// `false` when it did (left as it is). The one writer of that file: the
+/// gateway's first start and `import` (handing the secret of the marks it
+/// brings to the gateway that will serve them) write the same bytes, the
+/// secret as [`ActorKey::new`] keys with it (without surrounding
+/// whitespace), and nothing that it would refuse.
+///
+/// Atomic: the secret goes to a temporary file in the same directory
+/// (readable by the owner only), fsync'd, then linked to its name, which
+/// fails when the name exists (a rename would replace the secret another
+/// process just made and keyed with), then the directory is fsync'd. A
+/// crash leaves either no `actor-secret` or the whole one, at worst with a
+/// leftover `.actor-secret.*.tmp` that nothing reads.
 pub fn keep_embedded_secret(data_dir: &std::path::Path, secret: &str) -> Result<bool, String> {
+    static TEMPORARIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let secret = secret.trim_ascii();
+    ActorKey::new(secret.as_bytes())?;
     let path = data_dir.join(SECRET_FILE);
     let shown = path.display();
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    match options.open(&path) {
-        Ok(mut f) => {
-            use std::io::Write as _;
-            f.write_all(secret.as_bytes())
-                .and_then(|()| f.sync_all())
-                .and_then(|()| std::fs::File::open(data_dir)?.sync_all())
-                .map_err(|e| format!("cannot write the actor secret {shown}: {e}"))?;
-            Ok(true)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(format!("cannot create the actor secret {shown}: {e}")),
-    }
+    let temporary = data_dir.join(format!(
+        ".{SECRET_FILE}.{}.{}.tmp",
+        std::process::id(),
+        TEMPORARIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let written = (|| {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut f = options.open(&temporary)?;
+        std::io::Write::write_all(&mut f, secret.as_bytes())?;
+        f.sync_all()
+    })();
+    let linked = written.and_then(|()| std::fs::hard_link(&temporary, &path));
+    let _ = std::fs::remove_file(&temporary);
+    let kept = match linked {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(format!("cannot write the actor secret {shown}: {e}")),
+    };
+    std::fs::File::open(data_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("cannot write the actor secret {shown}: {e}"))?;
+    Ok(kept)
 }
 
 /// A gateway on Elasticsearch at start: `recorded` holds (index,
@@ -510,6 +537,65 @@ mod tests {
         assert_ne!(first.mark(&k, "alice"), elsewhere.mark(&k, "alice"));
         std::fs::write(dir.path().join(SECRET_FILE), "short").unwrap();
         assert!(embedded_secret(dir.path()).unwrap_err().contains("16"));
+    }
+
+    #[test]
+    fn a_secret_with_surrounding_whitespace_keys_actors_the_same_after_a_restart() {
+        let given = "  0123456789abcdef0123 \n";
+        let k = key("X", "like");
+        // Before the restart: the key the given secret makes (import's check,
+        // a gateway started with it); after: the one read from the file.
+        let before = ActorKey::new(given.as_bytes()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        assert!(keep_embedded_secret(dir.path(), given).unwrap());
+        let text = std::fs::read_to_string(dir.path().join(SECRET_FILE)).unwrap();
+        assert_eq!(text, "0123456789abcdef0123", "the secret as it keys");
+        let after = embedded_secret(dir.path()).unwrap();
+        assert_eq!(before.mark(&k, "alice"), after.mark(&k, "alice"));
+        assert_eq!(before.fingerprint(), after.fingerprint());
+        // A file written by hand with a newline keys as the flag without it.
+        std::fs::write(dir.path().join(SECRET_FILE), "0123456789abcdef0123\n").unwrap();
+        let again = embedded_secret(dir.path()).unwrap();
+        assert_eq!(before.mark(&k, "alice"), again.mark(&k, "alice"));
+    }
+
+    #[test]
+    fn no_empty_or_partial_secret_file_is_ever_left_or_silently_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join(SECRET_FILE);
+        // A secret the gateway would refuse is never written: no file that
+        // stops the next start.
+        for refused in ["", "   \n", "short"] {
+            assert!(
+                keep_embedded_secret(dir.path(), refused).is_err(),
+                "{refused:?}"
+            );
+            assert!(!secret.exists(), "{refused:?} left a file");
+        }
+        // What a crash of the writer leaves: a temporary, never read; the
+        // secret is made anew (nothing was keyed with the unfinished one),
+        // and the temporary of a finished write is gone.
+        let leftover = dir.path().join(format!(".{SECRET_FILE}.1.0.tmp"));
+        std::fs::write(&leftover, "an unfinished secret, never used").unwrap();
+        let made = embedded_secret(dir.path()).unwrap();
+        let unfinished = ActorKey::new(b"an unfinished secret, never used").unwrap();
+        assert_ne!(made.fingerprint(), unfinished.fingerprint());
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        // An empty secret file (an earlier version's crash) stops start-up,
+        // naming the file, and is not replaced by a new secret.
+        std::fs::write(&secret, "").unwrap();
+        let e = embedded_secret(dir.path()).unwrap_err();
+        assert!(
+            e.contains(&secret.display().to_string()) && e.contains("empty"),
+            "{e}"
+        );
+        assert!(existing_embedded_secret(dir.path()).is_err());
+        assert!(!keep_embedded_secret(dir.path(), "0123456789abcdef0123").unwrap());
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "");
     }
 
     #[test]

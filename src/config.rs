@@ -45,7 +45,7 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Install the Elasticsearch index templates, ILM policy and stored scripts, then exit.
     Setup(crate::store::elasticsearch::SetupArgs),
-    /// Write a tenant's counters, averages and day buckets as NDJSON (see the README).
+    /// Write a tenant's counters, averages and day buckets as NDJSON (see src/transfer/README.md).
     Export(Box<ExportArgs>),
     /// Set counters, averages and days from NDJSON written by `export` (or by hand).
     Import(Box<ImportArgs>),
@@ -200,11 +200,14 @@ impl StoreArgs {
         Ok(())
     }
 
+    /// The time rules of data moved in and out; `unique` events arrive
+    /// only at `serve`, which sets their bound ([`ServeArgs::time_policy`]).
     pub fn time_policy(&self) -> TimePolicy {
         TimePolicy {
             retention_days: self.retention_days,
             max_skew: chrono::Duration::from_std(self.max_clock_skew)
                 .unwrap_or_else(|_| chrono::Duration::minutes(5)),
+            unique_max_age: crate::domain::DEFAULT_UNIQUE_MAX_AGE,
         }
     }
 }
@@ -281,7 +284,7 @@ pub struct ServeArgs {
     pub shutdown_timeout: Duration,
 
     /// File of API keys, one per line: `<role> <tenant|*> <sha256-hex-of-key>`,
-    /// role `write`, `read` or `admin` (see the README). Without any key the
+    /// role `write`, `read` or `admin` (see src/api/README.md, "Tenants and API keys"). Without any key the
     /// gateway listens on loopback only.
     #[arg(long, env = "COUNTER_GATEWAY_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
@@ -344,6 +347,13 @@ pub struct ServeArgs {
     /// environment variable: a flag shows in the process list.
     #[arg(long, env = "COUNTER_GATEWAY_ACTOR_SECRET", hide_env_values = true)]
     pub actor_secret: Option<String>,
+
+    /// How far back of the server clock a `unique` event (once per actor)
+    /// may be dated; older ones get 400. A `unique: day` view counts once
+    /// per actor and day, so this bounds the days one actor can add a view
+    /// to by backdating (the default: at most three, today's included).
+    #[arg(long, env = "COUNTER_GATEWAY_UNIQUE_MAX_AGE", default_value = "2days", value_parser = humantime::parse_duration)]
+    pub unique_max_age: Duration,
 
     /// A limit per actor, repeatable: `[<entity>/]<action>: <n> per [<k>]
     /// <second|minute|hour|day> per actor`, e.g. `like: 10 per hour per
@@ -429,6 +439,18 @@ impl ServeArgs {
                 .map_err(|e| format!("--actor-secret: {e}"))?;
         }
         self.actor_limits()?;
+        if self.unique_max_age < Duration::from_secs(60) {
+            return Err("--unique-max-age must be at least 1m: a client's clock and its queue of beacons lag the server's".into());
+        }
+        let retention = Duration::from_secs(u64::from(self.store.retention_days) * 86_400);
+        if chrono::Duration::from_std(self.unique_max_age).is_err()
+            || self.unique_max_age > retention
+        {
+            return Err(format!(
+                "--unique-max-age must not exceed the retention (--retention-days {}): older events are refused anyway",
+                self.store.retention_days
+            ));
+        }
         Ok(())
     }
 
@@ -479,7 +501,11 @@ impl ServeArgs {
     }
 
     pub fn time_policy(&self) -> TimePolicy {
-        self.store.time_policy()
+        TimePolicy {
+            unique_max_age: chrono::Duration::from_std(self.unique_max_age)
+                .unwrap_or(crate::domain::DEFAULT_UNIQUE_MAX_AGE),
+            ..self.store.time_policy()
+        }
     }
 
     pub fn limits(&self) -> Limits {
@@ -673,6 +699,19 @@ mod tests {
             .validate()
             .is_ok());
         assert!(parse(&[]).actor_limits().unwrap().is_none());
+    }
+
+    #[test]
+    fn the_unique_max_age_defaults_to_two_days_and_is_bounded() {
+        let a = parse(&[]);
+        assert_eq!(a.time_policy().unique_max_age, chrono::Duration::days(2));
+        let a = parse(&["--unique-max-age", "6h"]);
+        assert!(a.validate().is_ok());
+        assert_eq!(a.time_policy().unique_max_age, chrono::Duration::hours(6));
+        for bad in ["10s", "500days"] {
+            let e = parse(&["--unique-max-age", bad]).validate().unwrap_err();
+            assert!(e.contains("--unique-max-age"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@ use clap::Parser;
 use counter_gateway::config::{Cli, Command, LogFormat};
 use counter_gateway::domain::Clock;
 
-/// mimalloc, not glibc's malloc: measured in the README's benchmarks.
+/// mimalloc, not glibc's malloc: measured in scripts/bench/README.md.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

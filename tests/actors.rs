@@ -137,7 +137,10 @@ async fn another_secret_makes_other_marks() {
 
 #[tokio::test]
 async fn views_marks_expire_with_the_bucket_retention() {
-    let options = Options::default();
+    // A view as old as the retention: allowed back that far here.
+    let mut options = Options::default();
+    options.time_policy.unique_max_age =
+        chrono::Duration::days(i64::from(options.time_policy.retention_days));
     let clock = options.clock.clone();
     let app = TestApp::start_with(options).await;
     let retention = i64::from(app.options.time_policy.retention_days);
@@ -331,4 +334,106 @@ async fn a_crawlers_writes_spend_no_actor_budget() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(app.value("ARTICLE", "like", "a1").await, Some(2));
     assert_eq!(app.metric("counter_gateway_throttled_total").await, 0.0);
+}
+
+/// A `unique: day` view counts once per actor and day: backdated, one
+/// actor's batch could add a "unique" view for every day of the retention.
+/// A `unique` event dated more than `--unique-max-age` (2 days by default)
+/// back is refused, naming the field and the bound, and nothing of its
+/// batch is applied; events without `unique` may still be backdated.
+#[tokio::test]
+async fn a_unique_event_may_not_be_dated_past_the_unique_max_age() {
+    let app = TestApp::start().await;
+    let at = |d: chrono::Duration| common::rfc3339(common::test_now() - d);
+    let view = |d: chrono::Duration| {
+        json!({"entity": "ARTICLE", "action": "VIEW", "uuid": "a1",
+               "actor": "mallory", "unique": "day", "timestamp": at(d)})
+    };
+    let events: Vec<Value> = (0..30).map(|d| view(chrono::Duration::days(d))).collect();
+    let r = app.post("/v1/events", json!({ "events": events })).await;
+    assert_error(&r, 400, "invalid_events", &[]);
+    let details = r.json["error"]["details"].as_array().unwrap();
+    // Today, a day and two days back are within the bound; 3..30 are not.
+    let refused: Vec<u64> = details
+        .iter()
+        .map(|d| d["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(refused, (3..30).collect::<Vec<u64>>(), "{}", r.text);
+    let reason = details[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("timestamp"), "{reason}");
+    assert!(reason.contains("2 days"), "{reason}");
+    assert!(reason.contains("--unique-max-age"), "{reason}");
+    assert_eq!(
+        app.value("ARTICLE", "VIEW", "a1").await,
+        None,
+        "nothing applied"
+    );
+
+    // At the bound it counts, a second past it not; `ever` too.
+    let edge = chrono::Duration::days(2);
+    let r = app
+        .increment(
+            "ARTICLE",
+            "VIEW",
+            "a1",
+            json!({"actor": "mallory", "unique": "day", "timestamp": at(edge)}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let past = edge + chrono::Duration::seconds(1);
+    for unique in ["day", "ever"] {
+        let r = app
+            .increment(
+                "ARTICLE",
+                "like",
+                "a1",
+                json!({"actor": "mallory", "unique": unique, "timestamp": at(past)}),
+            )
+            .await;
+        assert_error(
+            &r,
+            400,
+            "invalid_request",
+            &["timestamp", "--unique-max-age"],
+        );
+    }
+    // Without `unique`, history back to the retention is still accepted.
+    let r = app
+        .increment(
+            "ARTICLE",
+            "VIEW",
+            "a1",
+            json!({"timestamp": at(chrono::Duration::days(300))}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(app.value("ARTICLE", "VIEW", "a1").await, Some(2));
+}
+
+/// The bound is `--unique-max-age`: raised, older `unique` events count.
+#[tokio::test]
+async fn the_unique_max_age_is_the_operators_to_raise() {
+    let mut options = Options::default();
+    options.time_policy.unique_max_age = chrono::Duration::days(10);
+    let app = TestApp::start_with(options).await;
+    let ts = common::rfc3339(common::test_now() - chrono::Duration::days(9));
+    let r = app
+        .increment(
+            "ARTICLE",
+            "VIEW",
+            "a1",
+            json!({"actor": "a", "unique": "day", "timestamp": ts}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let ts = common::rfc3339(common::test_now() - chrono::Duration::days(11));
+    let r = app
+        .increment(
+            "ARTICLE",
+            "VIEW",
+            "a1",
+            json!({"actor": "a", "unique": "day", "timestamp": ts}),
+        )
+        .await;
+    assert_error(&r, 400, "invalid_request", &["10 days"]);
 }

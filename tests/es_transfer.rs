@@ -463,7 +463,7 @@ async fn import_into_cluster(
 async fn marks_round_trip_on_elasticsearch_as_on_the_embedded_store() {
     let url = cluster().await;
     let (p1, p2) = (prefix(), prefix());
-    let app = common::TestApp::start().await;
+    let app = common::TestApp::start_with(common::backdating()).await;
     common::liked_and_viewed(&app).await;
     let (_, fp) = common::actor_secret_of(app.data_dir());
     let file = export_marked(&*app.state.store, Some(fp.clone()), rules()).await;
@@ -684,7 +684,7 @@ impl Drop for Running {
 async fn migrate_carries_marks_and_a_gateway_with_the_secret_it_names_counts_no_actor_twice() {
     let url = cluster().await;
     let p = prefix();
-    let app = common::TestApp::start().await;
+    let app = common::TestApp::start_with(common::backdating()).await;
     common::liked_and_viewed(&app).await;
     let (dir, _) = app.stop().await;
     let data = dir.path();

@@ -820,7 +820,7 @@ fn open_store(dir: &std::path::Path) -> SqliteStore {
 /// gateway on the imported store does not count a repeat like or view.
 #[tokio::test]
 async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
-    let app = TestApp::start().await;
+    let app = TestApp::start_with(common::backdating()).await;
     common::liked_and_viewed(&app).await;
     let (secret, fp) = common::actor_secret_of(app.data_dir());
     let file = export_marked(&*app.state.store, Some(&fp), rules()).await;
@@ -939,7 +939,7 @@ async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
 /// event of that day is accepted. A file exported one day imports the next.
 #[tokio::test]
 async fn a_mark_past_the_retention_is_neither_exported_nor_imported() {
-    let app = TestApp::start().await;
+    let app = TestApp::start_with(common::backdating()).await;
     common::liked_and_viewed(&app).await;
     let (_, fp) = common::actor_secret_of(app.data_dir());
     let now = export_marked(&*app.state.store, Some(&fp), rules()).await;
@@ -1069,11 +1069,62 @@ async fn a_file_of_marks_keyed_with_another_secret_is_refused_before_anything_is
     );
 }
 
+/// A resumed import checks the file's `actor_secret` record again even
+/// when a tool (jq) rewrote it with its keys reordered and spaced: a file
+/// of another secret's marks is refused before anything is applied.
+#[tokio::test]
+async fn a_resumed_import_checks_an_actor_secret_line_whose_keys_were_reordered() {
+    let theirs = counter_gateway::domain::ActorKey::new(b"the other store's secret").unwrap();
+    let their_fp = theirs.fingerprint().unwrap();
+    let key = CounterKey::new("E", "A", "u").unwrap();
+    let mark = format::mark_line(&counter_gateway::store::ActorMark {
+        key: key.clone(),
+        mark: theirs.mark(&key, "alice").unwrap(),
+        day: None,
+        state: counter_gateway::store::MarkState::Counted,
+    });
+    let counter = |uuid: &str| {
+        format!(
+            "{}\n",
+            json!({"kind": "counter", "entity": "E", "action": "A", "uuid": uuid, "value": 1})
+        )
+    };
+    for secret_line in [
+        format!("{{\"fingerprint\":\"{their_fp}\",\"kind\":\"actor_secret\"}}\n"),
+        format!("{{ \"kind\": \"actor_secret\", \"fingerprint\": \"{their_fp}\" }}\n"),
+    ] {
+        let file = format!(
+            "{}{secret_line}{}{}{mark}",
+            format::header_line(),
+            counter("before"),
+            counter("u"),
+        );
+        let (dir, store) = empty_store();
+        assert!(counter_gateway::actors::keep_embedded_secret(
+            dir.path(),
+            "this store's own secret, not theirs"
+        )
+        .unwrap());
+        // Resumed after line 3: the secret's line is among those skipped.
+        let resume = import::Options {
+            from_line: 4,
+            ..into_dir(dir.path(), None)
+        };
+        let e = import_text(&*store, &file, &resume).await.unwrap_err();
+        assert!(
+            e.starts_with("line 2: ") && e.contains(&their_fp),
+            "{secret_line}: {e}"
+        );
+        assert_eq!(value(&*store, "u").await, None, "{secret_line}");
+        assert!(store.mark_page(None, 10, 0).await.unwrap().is_empty());
+    }
+}
+
 /// A store whose marks were made before the table naming their counters
 /// existed (an earlier version) gets it filled at open: its marks export.
 #[tokio::test]
 async fn marks_of_an_earlier_version_are_named_at_open_and_exported() {
-    let app = TestApp::start().await;
+    let app = TestApp::start_with(common::backdating()).await;
     common::liked_and_viewed(&app).await;
     let (_, fp) = common::actor_secret_of(app.data_dir());
     let before = export_marked(&*app.state.store, Some(&fp), rules()).await;

@@ -1,6 +1,8 @@
 //! The HTTP layer: routes, extractors and thin handlers. A handler parses the
 //! request into domain values, calls the pipeline or the store, and maps the
 //! answer; it holds no storage logic.
+//!
+#![doc = include_str!("README.md")]
 
 pub mod access;
 mod averages;

@@ -125,8 +125,13 @@ pub const FINGERPRINT_HEX: usize = 16;
 
 impl ActorKey {
     /// A key from `secret`, which must hold at least
-    /// [`MIN_ACTOR_SECRET_BYTES`] bytes.
+    /// [`MIN_ACTOR_SECRET_BYTES`] bytes. ASCII whitespace at either end is
+    /// not part of it, wherever it comes from (a flag, the environment, the
+    /// data directory's file, which `echo` ends with a newline): one secret
+    /// keys actors one way whichever path it took, and what is written to
+    /// the file is what is read back.
     pub fn new(secret: &[u8]) -> Result<ActorKey, String> {
+        let secret = secret.trim_ascii();
         if secret.len() < MIN_ACTOR_SECRET_BYTES {
             return Err(format!(
                 "the actor secret is {} bytes; it needs at least {MIN_ACTOR_SECRET_BYTES} (e.g. `head -c 32 /dev/urandom | base64`)",

@@ -143,6 +143,9 @@ impl Increment {
                         ))
                     }
                 }
+                if let Some(raw) = spec.timestamp {
+                    policy.accept_unique("timestamp", raw, ts, now)?;
+                }
                 let mark = actors.mark(&key, actor).ok_or_else(|| {
                     "unique: this gateway has no actor secret, so it cannot count once per actor; start it with --actor-secret (COUNTER_GATEWAY_ACTOR_SECRET), the same on every gateway sharing a store".to_string()
                 })?;

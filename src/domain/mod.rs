@@ -25,5 +25,5 @@ pub use event::{Increment, IncrementSpec, Kind};
 pub use key::{
     decode_doc_id, validate_name, CounterKey, Interner, Part, MAX_DOC_ID_BYTES, MAX_NAME_BYTES,
 };
-pub use time::{day_of, TimePolicy};
+pub use time::{day_of, TimePolicy, DEFAULT_UNIQUE_MAX_AGE};
 pub use window::{format_day, resolve as resolve_window, Resolved, Window, NAMED_INTERVALS};

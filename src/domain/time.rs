@@ -12,13 +12,23 @@ use chrono::{DateTime, Duration, Utc};
 pub struct TimePolicy {
     pub retention_days: u32,
     pub max_skew: Duration,
+    /// How far back a `unique` event may be dated. A `unique: day` mark is
+    /// per actor and day, so without this bound one actor could add a
+    /// "unique" view for every day of the retention (about 400) in one
+    /// batch, only by backdating.
+    pub unique_max_age: Duration,
 }
+
+/// The default of `--unique-max-age`: a client's queue of beacons held
+/// over a night still lands, and one actor adds at most three days' views.
+pub const DEFAULT_UNIQUE_MAX_AGE: Duration = Duration::days(2);
 
 impl Default for TimePolicy {
     fn default() -> Self {
         TimePolicy {
             retention_days: 400,
             max_skew: Duration::minutes(5),
+            unique_max_age: DEFAULT_UNIQUE_MAX_AGE,
         }
     }
 }
@@ -49,11 +59,42 @@ impl TimePolicy {
         Ok(ts)
     }
 
+    /// Refuses a `unique` event dated more than `unique_max_age` before
+    /// `now` (`raw` is its timestamp as sent, for the message).
+    pub fn accept_unique(
+        &self,
+        field: &str,
+        raw: &str,
+        ts: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(), String> {
+        if ts < now - self.unique_max_age {
+            return Err(format!(
+                "{field} {raw} is more than {} before the server clock: a `unique` event may be dated at most that far back (--unique-max-age)",
+                humanize(self.unique_max_age)
+            ));
+        }
+        Ok(())
+    }
+
     /// Start of the oldest UTC day still inside the retention.
     pub fn oldest_accepted(&self, now: DateTime<Utc>) -> DateTime<Utc> {
         let day = day_of(now) - i64::from(self.retention_days);
         DateTime::from_timestamp(day * 86_400, 0).unwrap_or(DateTime::<Utc>::MIN_UTC)
     }
+}
+
+/// `2 days`, `36 hours`, `90 minutes`, `45 seconds`: the largest unit
+/// that divides the span.
+fn humanize(d: Duration) -> String {
+    let secs = d.num_seconds();
+    let (n, unit) = match secs {
+        s if s > 0 && s % 86_400 == 0 => (s / 86_400, "day"),
+        s if s > 0 && s % 3_600 == 0 => (s / 3_600, "hour"),
+        s if s > 0 && s % 60 == 0 => (s / 60, "minute"),
+        s => (s, "second"),
+    };
+    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
 }
 
 /// Days since 1970-01-01 (UTC) of a timestamp: the histogram bucket it lands in.

@@ -1,7 +1,7 @@
 //! Time windows of the read API: named intervals and `from`/`to` ranges,
 //! resolved once, at the edge, into whole UTC days that every store understands.
 //!
-//! The rule (also in README.md, "Time windows"): a window is a closed range of
+//! The rule (also in src/store/README.md, "Time windows"): a window is a closed range of
 //! UTC days `[from_day, to_day]`, both included. `last_day` is today,
 //! `last_week` the last 7 days including today, `last_month` the last 30,
 //! `last_year` the last 365. `from`/`to` name days (`2026-11-24`) or instants

@@ -12,7 +12,7 @@
 //!   coming, the flusher and the syncer each stay on one blocking thread
 //!   and hand work to each other directly: no task spawned and no thread
 //!   woken per flush beyond the one that waits for the work (measured in
-//!   the README: each wake-up of a thread costs tens of microseconds of
+//!   scripts/bench/README.md: each wake-up of a thread costs tens of microseconds of
 //!   CPU on a virtual machine). A busy period ends when no submission has
 //!   come for [`LINGER`]; the threads go back to the pool.
 

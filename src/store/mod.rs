@@ -2,6 +2,8 @@
 //! implementation. The write pipeline hands a store whole flushes; the HTTP
 //! layer reads through it. Both implementations pass the same conformance
 //! scenarios (`tests/conformance`).
+//!
+#![doc = include_str!("README.md")]
 
 pub mod elasticsearch;
 pub mod empty;

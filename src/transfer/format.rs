@@ -1,6 +1,6 @@
 //! The NDJSON format of `export` and `import`, version 2: one JSON object a
 //! line, its kind in `kind`; the first line is the header. What each record
-//! means when imported is in the README ("Export and import"); this file
+//! means when imported is in src/transfer/README.md ("Export and import"); this file
 //! writes records and turns a line into what a store sets, or into the
 //! reason it is refused.
 //!

@@ -531,7 +531,7 @@ pub async fn read_all<R: AsyncBufRead + Unpin>(
         if line_no > 1 && line_no < skip_before {
             // The secret's record is checked again (it applies nothing), so
             // that a resumed import checks what it imports.
-            if !buf.starts_with(br#"{"kind":"actor_secret""#) {
+            if too_long || !is_actor_secret_record(&buf, rules) {
                 continue;
             }
         }
@@ -643,4 +643,22 @@ pub async fn read_all<R: AsyncBufRead + Unpin>(
         }
     }
     Ok(run.done)
+}
+
+/// Whether a skipped line of a resumed import is the file's `actor_secret`
+/// record, however it is written (keys reordered or spaced, as jq writes
+/// them): parsed, not matched by its prefix. Only a line that could name
+/// that kind (the word, or a JSON escape that could spell it) is parsed, so
+/// that skipping the rest stays cheap.
+fn is_actor_secret_record(line: &[u8], rules: &Rules) -> bool {
+    let could_be = |needle: &[u8]| line.windows(needle.len()).any(|w| w == needle);
+    if !could_be(b"actor_secret") && !could_be(b"\\u") {
+        return false;
+    }
+    std::str::from_utf8(line).is_ok_and(|text| {
+        matches!(
+            format::parse(text.trim_end_matches(['\n', '\r']), rules),
+            Ok(Record::ActorSecret(_))
+        )
+    })
 }

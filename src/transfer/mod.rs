@@ -11,6 +11,8 @@
 //! import:  file or stdin ─▶ lines ─▶ format (checked) ─▶ batches ─▶ store (checkpoint after each)
 //! migrate: per tenant, export(embedded) ─▶ in-memory pipe ─▶ import(Elasticsearch), then verify
 //! ```
+//!
+#![doc = include_str!("README.md")]
 
 pub mod export;
 pub mod format;

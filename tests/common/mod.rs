@@ -621,6 +621,15 @@ store_wrapper!(Stuck, |self, batch| {
     self.inner.apply(batch).await
 });
 
+/// Options whose `--unique-max-age` reaches back to the retention, for
+/// scenarios that make marks of long-past days (`liked_and_viewed`).
+pub fn backdating() -> Options {
+    let mut options = Options::default();
+    options.time_policy.unique_max_age =
+        chrono::Duration::days(i64::from(options.time_policy.retention_days));
+    options
+}
+
 /// Likes, an unlike and views over HTTP, by actors whose names must never
 /// leave the gateway (a file, a document): on ARTICLE/like,
 /// alice@example.org and bob like a1 (carol likes it, then takes it back),

@@ -24,7 +24,7 @@
 //! the steps can therefore lose a count (a like marked but not counted;
 //! an unlike left `retracting`, which counts as a like again only after
 //! [`STALE_RETRACTION`], and whose decrement may then be taken again), and
-//! can never count an actor twice. Which is what the README says.
+//! can never count an actor twice. Which is what src/api/README.md ("Once per actor") says.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -81,7 +81,7 @@ fn privilege_or(status: u16, what: &str, body: &Value, privilege: &str) -> Store
     if status == 401 || status == 403 {
         return StoreError::Internal(format!(
             "{what}: the cluster answered {status}: the gateway's user needs the `{privilege}` \
-             cluster privilege for setup (see README, 'Privileges'): {}",
+             cluster privilege for setup (see index-templates/README.md, 'Privileges'): {}",
             response::describe_error(body.get("error"))
         ));
     }

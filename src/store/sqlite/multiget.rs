@@ -27,7 +27,7 @@ pub(super) const BY_KEY: &str = "SELECT value, category, first_ts, recorded_ts F
 /// or else its row, read in the flush's own transaction: the request then answers from the flush,
 /// instead of a read of its own afterwards on a reader connection (which
 /// under load is often a new one: measured about 110 µs of CPU per such
-/// request with 256 connections, see README "Once per actor").
+/// request with 256 connections, see src/api/README.md, "Once per actor").
 pub(super) fn unwritten_wanted(
     tx: &Connection,
     wanted: &std::collections::HashSet<CounterKey>,
