@@ -86,7 +86,8 @@ pub enum Skipped {
 }
 
 /// The one order of every counting write, once its request is validated
-/// whole: a crawler's request is answered as ignored (`None`) and spends
+/// whole: a crawler's request is answered as ignored ([`Applying::Crawler`],
+/// which hands the app back for the answer's metric) and spends
 /// nothing, neither an actor's budget nor a tenant (none is created for
 /// it); then the tenant is opened (created by its first applied write);
 /// then what the request asks of the limits per actor is taken, or it is
@@ -95,16 +96,23 @@ pub(super) async fn applying(
     app: Arc<AppState>,
     crawler: bool,
     asks: &Asks,
-) -> Result<Option<Arc<AppState>>, ApiError> {
+) -> Result<Applying, ApiError> {
     if crawler {
-        return Ok(None);
+        return Ok(Applying::Crawler(app));
     }
     let app = app.opened().await?;
     app.actors.take(asks, app.clock.now_ms()).map_err(|t| {
         app.metrics.record_throttled();
         ApiError::from(t)
     })?;
-    Ok(Some(app))
+    Ok(Applying::Write(app))
+}
+
+/// What [`applying`] decided: the request is a crawler's, ignored, or a
+/// write to apply through the (opened) tenant's app.
+pub(super) enum Applying {
+    Crawler(Arc<AppState>),
+    Write(Arc<AppState>),
 }
 
 #[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/increment",
@@ -145,7 +153,6 @@ async fn add(
     crawler: bool,
 ) -> Result<Response, ApiError> {
     app.pipeline.admit()?;
-    let metrics = app.metrics.clone();
     let parsed: IncrementBody = if body.iter().all(u8::is_ascii_whitespace) {
         IncrementBody::default()
     } else {
@@ -163,8 +170,9 @@ async fn add(
     let mut asks = Asks::default();
     app.actors
         .ask(&mut asks, 0, &inc.key, spec.actor, inc.delta);
-    let Some(app) = applying(app, crawler, &asks).await? else {
-        return Ok(crawlers::ignored(&metrics, 1));
+    let app = match applying(app, crawler, &asks).await? {
+        Applying::Crawler(app) => return Ok(crawlers::ignored(&app.metrics, 1)),
+        Applying::Write(app) => app,
     };
     let key = inc.key.clone();
     // The queue's bound in bytes counts the increment, not the body (up to

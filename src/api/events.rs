@@ -2,6 +2,7 @@
 //! applied, and applied as one submission.
 
 use super::access::Writer;
+use super::counters::Applying;
 use super::crawlers::{self, Crawler, Ignored};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -35,9 +36,9 @@ pub async fn post(
     )?;
     // Every event of the batch checked before any token is taken.
     let accepted = incs.len();
-    let metrics = app.metrics.clone();
-    let Some(app) = super::counters::applying(app, crawler, &asks).await? else {
-        return Ok(crawlers::ignored(&metrics, accepted));
+    let app = match super::counters::applying(app, crawler, &asks).await? {
+        Applying::Crawler(app) => return Ok(crawlers::ignored(&app.metrics, accepted)),
+        Applying::Write(app) => app,
     };
     // The increments own their strings: the body and its parse need not be
     // held while the write waits in the queue (its bound counts increments).

@@ -12,6 +12,7 @@
 //! shape, not a GIF: an image tag shows neither, while whoever opens the
 //! URL to see why nothing counts reads the reason.
 
+use super::counters::Applying;
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -124,10 +125,12 @@ pub async fn get(
     let mut asks = Asks::default();
     app.actors
         .ask(&mut asks, 0, &inc.key, spec.actor, inc.delta);
-    let metrics = app.metrics.clone();
-    let Some(app) = super::counters::applying(app, crawler, &asks).await? else {
-        crawlers::record(&metrics, 1);
-        return Ok(gif(StatusCode::ACCEPTED, Some(crawlers::CRAWLER)));
+    let app = match super::counters::applying(app, crawler, &asks).await? {
+        Applying::Crawler(app) => {
+            crawlers::record(&app.metrics, 1);
+            return Ok(gif(StatusCode::ACCEPTED, Some(crawlers::CRAWLER)));
+        }
+        Applying::Write(app) => app,
     };
     let applied = app.pipeline.submit(vec![inc], None).await?;
     app.metrics.record_repeats(applied.repeats);
