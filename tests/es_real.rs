@@ -51,7 +51,7 @@ async fn cluster() -> String {
         Ok(u) if !u.trim().is_empty() => u.trim().trim_end_matches('/').to_string(),
         _ => panic!(
             "no search engine to test against: {NEEDS}. testcontainers is not compiled into this \
-             suite (no Docker engine here; see README)"
+             suite (no Docker engine here; see tests/README.md)"
         ),
     };
     match reqwest::get(&url).await {

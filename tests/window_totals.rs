@@ -1,11 +1,11 @@
 //! The embedded store's kept totals of the named windows (`last_day`,
 //! `last_week`, `last_month`, `last_year`) against a model that sums day
-//! buckets the way the README defines windowed lists: the counters with at
-//! least one bucket in the window, by their sum there descending, ties by
-//! uuid. The store is given a manual clock, so midnight is crossed (and the
-//! clock stepped back) exactly where a test says, on whatever date the test
-//! starts from: `common::test_now()`, which the gate sets to a month's last
-//! day, 31 December, 29 February and a second before midnight.
+//! buckets the way src/store/README.md ("Time windows") defines windowed lists:
+//! the counters with at least one bucket in the window, by their sum there
+//! descending, ties by uuid. The store is given a manual clock, so midnight is
+//! crossed (and the clock stepped back) exactly where a test says, on whatever
+//! date the test starts from: `common::test_now()`, which the gate sets to a
+//! month's last day, 31 December, 29 February and a second before midnight.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
