@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{internal, read_counter};
+use super::{hot, internal, read_counter, windows};
 use crate::domain::{Counter, CounterKey, DaySet};
 use crate::store::{DaysOutcome, StoreError};
 
@@ -148,6 +148,36 @@ pub(super) fn split(diff: i128) -> Vec<i64> {
             return parts;
         }
     }
+}
+
+/// Commits `tx`, in which a backfill or an import set the rows and buckets
+/// of the counters `cids` (named `keys`) directly: their window totals are
+/// recomputed from their buckets first, and memory forgets them with the
+/// commit, under its lock (their rows, buckets and window rows are exact).
+pub(super) fn commit_set_directly<'k>(
+    tx: rusqlite::Transaction<'_>,
+    hot: &hot::Shared,
+    cids: &[i64],
+    keys: impl Iterator<Item = &'k CounterKey>,
+) -> Result<(), StoreError> {
+    let state = hot.lock().windows.state;
+    let mut cids = cids.to_vec();
+    cids.sort_unstable();
+    cids.dedup();
+    if let Some(state) = state {
+        for &cid in &cids {
+            windows::recompute(&tx, &state, cid)?;
+        }
+    }
+    let mut held = hot.lock();
+    tx.commit().map_err(internal)?;
+    for k in keys {
+        held.remove(k);
+    }
+    for &cid in &cids {
+        held.windows.remove(cid);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -27,9 +27,13 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
-use super::hot;
-use super::{count_ids, expire_buckets, expire_ids, first_kept_day, Idle, Readers, Writer};
+use rusqlite::{params, Connection};
+
+use super::connections::Readers;
+use super::windows::upkeep::WINDOWS_CHUNK;
+use super::{hot, internal, windows, Writer};
 use crate::domain::Clock;
+use crate::store::StoreError;
 
 /// How often each store gets its turn, and how long a turn may hold the
 /// writer for folding, writing window totals back and the copy of the day
@@ -270,7 +274,7 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
         }
     }
     let busy = job.idle.quiet_for_ms() < ROLLUP_QUIET_MS;
-    let held = w.hold.held();
+    let held = w.hooks.fold_held();
     // Bounded steps until the budget is spent; `true` when work is left.
     let mut run = |what: &str,
                    step: &mut dyn FnMut(&mut Writer) -> Result<bool, crate::store::StoreError>|
@@ -306,7 +310,7 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
                 if w.write_back_bulk()? {
                     return Ok(true);
                 }
-                w.write_back(super::WINDOWS_CHUNK).map(|n| n > 0)
+                w.write_back(WINDOWS_CHUNK).map(|n| n > 0)
             });
         }
     }
@@ -372,4 +376,164 @@ impl Entry {
             Err(e) => tracing::warn!("cannot count idempotency ids: {e}"),
         }
     }
+}
+
+/// Milliseconds since the store opened at which the last flush committed.
+/// Monotonic on purpose: it schedules work and is not a calendar time, so a
+/// wall clock stepping back must not make the store look busy for hours.
+pub(super) struct Idle {
+    opened: std::time::Instant,
+    last_write_ms: AtomicI64,
+}
+
+impl Idle {
+    pub(super) fn new() -> Idle {
+        Idle {
+            opened: std::time::Instant::now(),
+            last_write_ms: AtomicI64::new(i64::MIN / 2),
+        }
+    }
+
+    pub(super) fn now_ms(&self) -> i64 {
+        i64::try_from(self.opened.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    pub(super) fn wrote(&self) {
+        self.last_write_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    fn quiet_for_ms(&self) -> i64 {
+        self.now_ms() - self.last_write_ms()
+    }
+
+    fn last_write_ms(&self) -> i64 {
+        self.last_write_ms.load(Ordering::Relaxed)
+    }
+}
+
+/// Idempotency ids deleted per statement of the background expiry, each
+/// its own transaction: bounded work, never part of a flush's result (how
+/// long a turn may keep deleting is `background`'s budget).
+const EXPIRE_BATCH: i64 = 5_000;
+
+/// Day buckets (of counters and of averages) deleted per statement of the
+/// background retention, each its own transaction, as for ids.
+const RETAIN_BATCH: i64 = 5_000;
+
+/// Deletes idempotency ids seen before `expired_before`, oldest first, in
+/// batches of [`EXPIRE_BATCH`] (each its own transaction, through the
+/// `event_ids_by_age` index), until none is left or `budget` is spent.
+/// Returns how many were deleted. Claims already treat an id older than the
+/// window as new, so how late this runs never changes an answer.
+fn expire_ids(
+    conn: &Connection,
+    expired_before: i64,
+    budget: std::time::Duration,
+) -> Result<u64, StoreError> {
+    let started = std::time::Instant::now();
+    let mut deleted = 0u64;
+    let mut s = conn
+        .prepare_cached(
+            "DELETE FROM event_ids WHERE id IN (
+                 SELECT id FROM event_ids INDEXED BY event_ids_by_age
+                 WHERE seen_ms < ?1 ORDER BY seen_ms LIMIT ?2)",
+        )
+        .map_err(internal)?;
+    loop {
+        let n = s
+            .execute(params![expired_before, EXPIRE_BATCH])
+            .map_err(internal)?;
+        deleted += n as u64;
+        if (n as i64) < EXPIRE_BATCH || started.elapsed() >= budget {
+            return Ok(deleted);
+        }
+    }
+}
+
+/// The first day whose buckets are kept on `today`: the oldest day the
+/// retention still accepts (`TimePolicy::oldest_accepted`), or the first day
+/// of the year the kept window totals read, if that is older.
+///
+/// The named windows span at most 365 days, fewer than the retention (400
+/// by default), so when the totals end on `today` no day older than the
+/// retention is in any of them and deleting its buckets changes no kept
+/// total. Totals still anchored on an earlier day (the copy of the day
+/// after is not done) read the day that leaves from `buckets` when they
+/// move on, and a rebuild reads the year before today: neither may find it
+/// gone. The same floor keeps a year of buckets under a `--retention-days`
+/// below 365.
+pub(super) fn first_kept_day(
+    conn: &Connection,
+    today: i64,
+    retention_days: u32,
+) -> Result<i64, StoreError> {
+    let retained = (today - i64::from(retention_days)).min(today - 364);
+    Ok(windows::load_state(conn)?.map_or(retained, |s| s.first_day().min(retained)))
+}
+
+/// Deletes the day buckets of counters and of averages older than the first
+/// kept day (see [`first_kept_day`]), oldest days first, in batches of
+/// [`RETAIN_BATCH`] by primary key `(day, id)` (each its own transaction),
+/// until none is left or `budget` is spent. Returns how many were deleted.
+/// A counter's value and timestamps stay: only its old days go.
+pub(super) fn expire_buckets(
+    conn: &Connection,
+    today: i64,
+    retention_days: u32,
+    budget: std::time::Duration,
+) -> Result<u64, StoreError> {
+    let started = std::time::Instant::now();
+    let before = first_kept_day(conn, today, retention_days)?;
+    let mut deleted = 0u64;
+    for sql in [
+        "DELETE FROM buckets WHERE (day, cid) IN (
+             SELECT day, cid FROM buckets WHERE day < ?1 ORDER BY day, cid LIMIT ?2)",
+        "DELETE FROM average_buckets WHERE (day, aid) IN (
+             SELECT day, aid FROM average_buckets WHERE day < ?1 ORDER BY day, aid LIMIT ?2)",
+    ] {
+        let mut s = conn.prepare_cached(sql).map_err(internal)?;
+        loop {
+            if started.elapsed() >= budget {
+                return Ok(deleted);
+            }
+            let n = s.execute(params![before, RETAIN_BATCH]).map_err(internal)?;
+            deleted += n as u64;
+            if (n as i64) < RETAIN_BATCH {
+                break;
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+fn count_ids(conn: &Connection) -> Result<i64, StoreError> {
+    conn.query_row("SELECT count(*) FROM event_ids", [], |r| r.get(0))
+        .map_err(internal)
+}
+
+/// The idempotency ids kept by every embedded store open in this process
+/// (one per tenant), as last counted: `counter_gateway_idempotency_ids`.
+pub fn idempotency_ids() -> i64 {
+    let Ok(mut gauges) = ID_GAUGES.lock() else {
+        return 0;
+    };
+    gauges.retain(|g| g.strong_count() > 0);
+    gauges
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .map(|g| g.load(Ordering::Relaxed))
+        .sum()
+}
+
+/// Each open store's count of kept ids; a closed store's entry dies with it.
+static ID_GAUGES: Mutex<Vec<std::sync::Weak<AtomicI64>>> = Mutex::new(Vec::new());
+
+/// The count of kept ids of a store opening on `conn`, which the worker
+/// updates and [`idempotency_ids`] sums while the store holds it.
+pub(super) fn id_gauge(conn: &Connection) -> Result<Arc<AtomicI64>, StoreError> {
+    let ids = Arc::new(AtomicI64::new(count_ids(conn)?));
+    if let Ok(mut gauges) = ID_GAUGES.lock() {
+        gauges.push(Arc::downgrade(&ids));
+    }
+    Ok(ids)
 }

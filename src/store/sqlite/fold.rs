@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::hot;
+use super::windows::upkeep::{WINDOWS_HELD, WINDOWS_HELD_MAX, WINDOWS_WRITE_BACK};
 use super::{internal, internal_msg, log};
 use crate::store::StoreError;
 
@@ -251,4 +252,122 @@ fn set_bucket(tx: &Connection, cid: i64, day: i64, d: i128) -> Result<(), StoreE
     )
     .map_err(internal)?;
     Ok(())
+}
+
+/// Pending counters (with deltas not folded) past which a flush is
+/// followed by a chunk of folding. Past the same mark a flush writes the
+/// counters with nothing pending directly (`write::DIRECT_PENDING`), so the
+/// pending counters, all in memory, stay about this many.
+const FOLD_PENDING: usize = super::write::DIRECT_PENDING;
+/// Log entries (about 20 bytes each) past which a flush is followed by a
+/// chunk of folding, so the log stays a few megabytes however few the keys.
+const FOLD_LOGGED: usize = 200_000;
+
+impl super::Writer {
+    /// One bounded step of folding: a chunk of the pass under way, or of
+    /// a new pass over the whole log. `false` when there is nothing to fold.
+    pub(super) fn fold_step(&mut self) -> Result<bool, StoreError> {
+        if self.pass.is_none() {
+            self.pass = begin(&self.conn)?;
+            self.logged = 0;
+        }
+        let Some(pass) = &mut self.pass else {
+            return Ok(false);
+        };
+        chunk(&mut self.conn, pass, &self.hot)?;
+        if pass.done() {
+            self.pass = None;
+        }
+        Ok(true)
+    }
+
+    /// Folds every log row there is now (in chunks: a crash in between
+    /// loses nothing).
+    pub(super) fn fold_all(&mut self) -> Result<(), StoreError> {
+        // A pass under way, then one over whatever it did not cover.
+        let newest: Option<i64> = self
+            .conn
+            .query_row("SELECT max(seq) FROM counter_log", [], |r| r.get(0))
+            .map_err(internal)?;
+        let Some(newest) = newest else { return Ok(()) };
+        loop {
+            let oldest: Option<i64> = self
+                .conn
+                .query_row("SELECT min(seq) FROM counter_log", [], |r| r.get(0))
+                .map_err(internal)?;
+            if oldest.map_or(true, |o| o > newest) {
+                return Ok(());
+            }
+            self.fold_step()?;
+        }
+    }
+
+    /// After a flush: folds a chunk when the log or the pending counters
+    /// have grown past their marks, and writes back window rows past
+    /// [`WINDOWS_HELD`]. A failure is logged, not returned: the flush it
+    /// follows committed.
+    pub(super) fn fold_after_flush(&mut self) {
+        if self.hooks.fold_held() {
+            return;
+        }
+        let held = self.hot.lock().windows.len();
+        let kept = if held > WINDOWS_HELD_MAX {
+            self.drop_windows()
+        } else if held > WINDOWS_HELD {
+            self.write_back(WINDOWS_WRITE_BACK).map(|_| ())
+        } else {
+            Ok(())
+        };
+        if let Err(e) = kept {
+            tracing::warn!(error = %e, "writing window totals back failed (retried later)");
+        }
+        let pending = self.hot.pending();
+        let result = if self.pass.is_some() || pending >= FOLD_PENDING || self.logged >= FOLD_LOGGED
+        {
+            self.fold_step().map(|_| ())
+        } else {
+            Ok(())
+        };
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "folding the change log failed (retried later)");
+        }
+    }
+}
+
+impl super::SqliteStore {
+    /// Folds every delta committed so far into the rows (a chunk per hold
+    /// of the writer, so flushes go on in between): what a read of a list
+    /// or a report needs first to be exact. Nothing to do when no counter
+    /// has pending deltas.
+    pub(super) async fn fold_now(&self) -> Result<(), StoreError> {
+        if self.hot.pending() == 0 {
+            return Ok(());
+        }
+        let newest: Option<i64> = self
+            .with_writer(|w| {
+                w.conn
+                    .query_row("SELECT max(seq) FROM counter_log", [], |r| r.get(0))
+                    .map_err(internal)
+            })
+            .await?;
+        let Some(newest) = newest else { return Ok(()) };
+        loop {
+            let done = self
+                .with_writer(move |w| {
+                    let oldest: Option<i64> = w
+                        .conn
+                        .query_row("SELECT min(seq) FROM counter_log", [], |r| r.get(0))
+                        .map_err(internal)?;
+                    if oldest.map_or(true, |o| o > newest) {
+                        return Ok(true);
+                    }
+                    w.fold_step()?;
+                    Ok(false)
+                })
+                .await?;
+            if done {
+                return Ok(());
+            }
+        }
+    }
 }

@@ -125,7 +125,7 @@ mod tests {
         let path = dir.path().join("c.sqlite3");
         let mut w = Connection::open(&path).unwrap();
         w.execute_batch("PRAGMA journal_mode = WAL;").unwrap();
-        w.execute_batch(super::super::SCHEMA).unwrap();
+        w.execute_batch(super::super::schema::SCHEMA).unwrap();
         let tx = w.transaction().unwrap();
         {
             let mut ins = tx

@@ -1,6 +1,6 @@
 //! The read queries of the embedded store (histograms, top lists, reports,
 //! averages) and the write of average samples, as SQL over the schema of
-//! `sqlite.rs`. Each function runs on a connection it is handed, so the
+//! `schema.rs`. Each function runs on a connection it is handed, so the
 //! store decides which (a reader, or the writer inside its transaction).
 
 use rusqlite::{params, Connection, OptionalExtension};

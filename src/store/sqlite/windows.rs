@@ -33,6 +33,7 @@
 //!   lists are summed from the buckets (exact, slower).
 
 pub(super) mod memory;
+pub(super) mod upkeep;
 
 use rusqlite::{params, Connection, OptionalExtension};
 

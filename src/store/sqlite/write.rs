@@ -12,7 +12,7 @@
 //! bound. Counters already pending stay logged: their rows miss deltas.
 //!
 //! The claims of idempotency ids (and any other claim) stay steps of their
-//! own in `sqlite.rs`, before these writes.
+//! own in `flush.rs`, before these writes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,9 +25,12 @@ use super::windows::{self, memory::Sums};
 /// Pending counters (with deltas in the log) past which a counter with none
 /// is written directly instead of logged; see the module documentation.
 pub(super) const DIRECT_PENDING: usize = 32_768;
-use super::{internal, log, queries, Overflowed};
+use super::{internal, log, queries};
 use crate::domain::{Coalesced, Counter, CounterKey, KeyDelta};
 use crate::store::StoreError;
+
+/// Why a coalesced write could not be applied as a whole.
+pub(super) struct Overflowed(pub CounterKey);
 
 /// A counter a flush touches: its state as the flush leaves it.
 struct Touch {
