@@ -25,6 +25,9 @@
 //!   `{var:name}` is a saved variable.
 //! - A step `{"clock": "+1d"}` moves that clock (forwards or back) between
 //!   two requests: a day change, or an NTP step back, while the server runs.
+//!   `{"clock": "to 23:59"}` moves it forwards to the next such UTC time of
+//!   day (or leaves it there), so that a following `+2m` crosses midnight
+//!   whatever hour the gate starts the scenarios at.
 //!
 //! Use it from a test file with `#[path = "conformance/runner.rs"] mod runner;`.
 
@@ -134,8 +137,10 @@ pub async fn run_scenario(
         let result = match step.get("clock") {
             Some(by) => by
                 .as_str()
-                .and_then(offset)
-                .map(|by| clock.advance(by))
+                .and_then(|raw| match raw.strip_prefix("to ") {
+                    Some(time) => next_time_of_day(clock.now(), time).map(|at| clock.set(at)),
+                    None => offset(raw).map(|by| clock.advance(by)),
+                })
                 .ok_or_else(|| format!("bad clock step {by}")),
             None => run_step(router, step, clock.now(), &mut vars).await,
         };
@@ -262,6 +267,20 @@ async fn run_step(
 }
 
 /// `[+-]N(d|h|m|s)` or `now`.
+/// The first instant at or after `now` whose UTC time of day is `time`
+/// (`HH:MM` or `HH:MM:SS`).
+fn next_time_of_day(now: DateTime<Utc>, time: &str) -> Option<DateTime<Utc>> {
+    let t = chrono::NaiveTime::parse_from_str(time, "%H:%M:%S")
+        .or_else(|_| chrono::NaiveTime::parse_from_str(time, "%H:%M"))
+        .ok()?;
+    let today = now.date_naive().and_time(t).and_utc();
+    Some(if today >= now {
+        today
+    } else {
+        today + Duration::days(1)
+    })
+}
+
 fn offset(raw: &str) -> Option<Duration> {
     if raw == "now" {
         return Some(Duration::zero());

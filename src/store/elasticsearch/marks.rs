@@ -19,6 +19,17 @@
 //!    step 3 is guarded by the flush's random token: a mark another flush
 //!    has changed since is left alone.
 //!
+//! A `day` mark is a document of its day, so it cannot hold an event's id
+//! for the idempotency window: a retry after midnight UTC (a pixel URL
+//! fetched again the next morning) finds the new day's mark, which never
+//! saw it. So before step 1, the ids of `day` events go through a
+//! registry of their own ([`ids_doc_id`]: one document per counter and
+//! actor in the `actor_marks` index, always `off`, so never exported),
+//! and a retry stops there as a duplicate, its day mark untouched, as on
+//! the embedded store, where the id is checked first. An id whose event
+//! did not count (its request failed, its count did not land) is
+//! forgotten in step 3, so that its retry counts.
+//!
 //! So a mark says "counted" before its count lands, and "off" only after
 //! its decrement landed. A crash (or a cluster that keeps failing) between
 //! the steps can therefore lose a count (a like marked but not counted;
@@ -159,6 +170,36 @@ fn settle(steps: &[Step]) -> Option<(Option<&'static str>, Vec<String>)> {
     (state.is_some() || !forget.is_empty()).then_some((state, forget))
 }
 
+/// The id of the document that remembers the event ids of one actor's
+/// `day` events on one counter, in the `actor_marks` index (beside the
+/// `ever` marks, whose ids end with the mark: this one ends with `@ids`).
+fn ids_doc_id(counter_id: &str, mark: &str) -> String {
+    request::mark_doc_id(counter_id, &format!("{mark}@ids"), None)
+}
+
+/// One `day` event with an id, and what its registry said.
+struct IdEvent {
+    request: usize,
+    event: usize,
+    id: Arc<str>,
+    doc: (String, String),
+    routing: String,
+}
+
+/// Whether an id the registry took for an event is to be forgotten:
+/// unless the event counted (or may have), or was a repeat of an applied
+/// request (whose id is used up, as on the embedded store).
+fn forget_registered(failed: bool, claim: Option<&Claim>, fate: Option<Fate>) -> bool {
+    if failed {
+        return true;
+    }
+    match claim {
+        Some(Claim::Counted) => fate == Some(Fate::NotApplied),
+        Some(Claim::Repeat | Claim::Duplicate) => false,
+        Some(Claim::Failed { .. }) | None => true,
+    }
+}
+
 impl ElasticsearchStore {
     /// A flush with events that carry `unique`: steps 1 to 3 of the module doc.
     pub(super) async fn apply_marked(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
@@ -168,11 +209,88 @@ impl ElasticsearchStore {
         let script = templates::actor_mark_script_id(prefix);
         let id_window_ms = i64::try_from(self.config.id_window.as_millis()).unwrap_or(i64::MAX);
         let stale_ms = STALE_RETRACTION.as_millis() as i64;
+        let mut claims: HashMap<(usize, usize), Claim> = HashMap::new();
+        let mut failed: HashMap<usize, String> = HashMap::new();
+        let mut sent = 0;
+
+        // The ids of `day` events, each registered with its counter and actor.
+        let mut registered: Vec<IdEvent> = Vec::new();
+        let mut registry = Vec::new();
+        for (r, events) in batch.requests.iter().enumerate() {
+            for (e, inc) in events.iter().enumerate() {
+                let (Some(u), Some(id)) = (&inc.unique, &inc.id) else {
+                    continue;
+                };
+                if u.scope != Scope::Day {
+                    continue;
+                }
+                let counter_id = inc.key.doc_id();
+                let mut p = Map::new();
+                // A `take` of a mark that is always off: it only remembers
+                // the id (a "repeat"), or is a duplicate when it knew it.
+                p.insert("op".into(), json!("take"));
+                p.insert("counter_id".into(), json!(counter_id));
+                p.insert(
+                    "counter_hash".into(),
+                    json!(to_hex(&ActorMark::counter_hash(&inc.key))),
+                );
+                p.insert("mark".into(), json!(u.mark.hex()));
+                p.insert("scope".into(), json!(u.scope.as_str()));
+                p.insert("day".into(), Value::Null);
+                p.insert("token".into(), json!(token));
+                p.insert("now_ms".into(), json!(now_ms));
+                p.insert("stale_ms".into(), json!(stale_ms));
+                p.insert("id".into(), json!(&**id));
+                p.insert("id_window_ms".into(), json!(id_window_ms));
+                p.insert("max_ids".into(), json!(self.config.max_ids_per_doc));
+                let doc = (
+                    self.config.names.actor_marks(),
+                    ids_doc_id(&counter_id, &u.mark.hex()),
+                );
+                registry.push(mark_action(&doc.0, &doc.1, &counter_id, &script, p));
+                registered.push(IdEvent {
+                    request: r,
+                    event: e,
+                    id: id.clone(),
+                    doc,
+                    routing: counter_id,
+                });
+            }
+        }
+        // Per registered event: whether the registry took its id now.
+        let mut taken = vec![false; registered.len()];
+        if !registry.is_empty() {
+            let (results, n) = self
+                .send_actions(&registry, self.config.retry_on_conflict)
+                .await;
+            sent += n;
+            for ((i, reg), res) in registered.iter().enumerate().zip(&results) {
+                match claim_of(&res.class, res.noop, res.source.as_ref(), true) {
+                    Claim::Duplicate => {
+                        claims.insert((reg.request, reg.event), Claim::Duplicate);
+                    }
+                    Claim::Failed { reason } => {
+                        // Whether it took the id is not known: forget it.
+                        taken[i] = true;
+                        failed.entry(reg.request).or_insert(reason);
+                    }
+                    Claim::Counted | Claim::Repeat => taken[i] = true,
+                }
+            }
+        }
+
         let mut marks = Vec::new();
         let mut days = Vec::new();
         for (r, events) in batch.requests.iter().enumerate() {
+            if failed.contains_key(&r) {
+                continue;
+            }
             for (e, inc) in events.iter().enumerate() {
                 let Some(u) = &inc.unique else { continue };
+                if claims.contains_key(&(r, e)) {
+                    // A duplicate by its id: its mark is left alone.
+                    continue;
+                }
                 let counter_id = inc.key.doc_id();
                 let (index, day) = match u.scope {
                     Scope::Ever => (self.config.names.actor_marks(), None),
@@ -218,11 +336,10 @@ impl ElasticsearchStore {
 
         // Step 1.
         let actions: Vec<BulkAction> = marks.iter().map(|m| m.action.clone()).collect();
-        let (results, mut sent) = self
+        let (results, n) = self
             .send_actions(&actions, self.config.retry_on_conflict)
             .await;
-        let mut claims: HashMap<(usize, usize), Claim> = HashMap::new();
-        let mut failed: HashMap<usize, String> = HashMap::new();
+        sent += n;
         for (m, res) in marks.iter().zip(&results) {
             let claim = claim_of(&res.class, res.noop, res.source.as_ref(), m.id.is_some());
             if let Claim::Failed { reason, .. } = &claim {
@@ -311,6 +428,40 @@ impl ElasticsearchStore {
             chains[c].1.push(step);
         }
         let mut settles = Vec::new();
+        // The registry forgets the ids of events that did not count.
+        let mut forgets: Vec<(&IdEvent, Vec<String>)> = Vec::new();
+        let mut forget_of: HashMap<&(String, String), usize> = HashMap::new();
+        for (reg, _) in registered.iter().zip(&taken).filter(|(_, t)| **t) {
+            let fate = match (&applied, at.get(reg.request).and_then(|a| a[reg.event])) {
+                (Ok(_), Some(i)) => fates.get(reg.request).and_then(|f| f.get(i)).copied(),
+                (Ok(_), None) => Some(Fate::NotApplied),
+                (Err(_), _) => Some(Fate::Unknown),
+            };
+            let claim = claims.get(&(reg.request, reg.event));
+            if !forget_registered(failed.contains_key(&reg.request), claim, fate) {
+                continue;
+            }
+            let f = *forget_of.entry(&reg.doc).or_insert_with(|| {
+                forgets.push((reg, Vec::new()));
+                forgets.len() - 1
+            });
+            forgets[f].1.push(reg.id.to_string());
+        }
+        for (reg, ids) in forgets {
+            let mut p = Map::new();
+            p.insert("op".into(), json!("set"));
+            p.insert("state".into(), Value::Null);
+            p.insert("forget".into(), json!(ids));
+            p.insert("token".into(), json!(token));
+            p.insert("now_ms".into(), json!(now_ms));
+            settles.push(settle_action(
+                &reg.doc.0,
+                &reg.doc.1,
+                &reg.routing,
+                &script,
+                p,
+            ));
+        }
         for (m, steps) in &chains {
             let Some((state, forget)) = settle(steps) else {
                 continue;
