@@ -266,7 +266,6 @@ async fn run_step(
     Ok(())
 }
 
-/// `[+-]N(d|h|m|s)` or `now`.
 /// The first instant at or after `now` whose UTC time of day is `time`
 /// (`HH:MM` or `HH:MM:SS`).
 fn next_time_of_day(now: DateTime<Utc>, time: &str) -> Option<DateTime<Utc>> {
@@ -281,6 +280,7 @@ fn next_time_of_day(now: DateTime<Utc>, time: &str) -> Option<DateTime<Utc>> {
     })
 }
 
+/// `[+-]N(d|h|m|s)` or `now`.
 fn offset(raw: &str) -> Option<Duration> {
     if raw == "now" {
         return Some(Duration::zero());
