@@ -4,17 +4,20 @@
 //! The two run concurrently, so batch N+1 is written while batch N is being
 //! fsync'd, and one fsync covers every batch applied before it started.
 //!
-//! Two ways to run them, the same steps either way:
-//! - [`run`]: as tasks calling the store's async `apply` and `sync` (the
+//! One flush cycle ([`flush_while_busy`]: collect until a deadline, apply,
+//! hand the answers to the syncer) and one shutdown (a close takes what is
+//! still queued into the last flush; the syncer answers everything applied
+//! before it stops), run through one of two [`Writer`]s:
+//! - [`run`]: the store's async `apply` and `sync`, awaited on a task (the
 //!   Elasticsearch store, whose writes are requests over the network).
-//! - [`run_blocking`]: for a store whose writes are local blocking calls
-//!   (the embedded store, [`BlockingWrites`]). While submissions keep
-//!   coming, the flusher and the syncer each stay on one blocking thread
-//!   and hand work to each other directly: no task spawned and no thread
-//!   woken per flush beyond the one that waits for the work (measured in
-//!   scripts/bench/README.md: each wake-up of a thread costs tens of microseconds of
-//!   CPU on a virtual machine). A busy period ends when no submission has
-//!   come for [`LINGER`]; the threads go back to the pool.
+//! - [`run_blocking`]: a store whose writes are local blocking calls (the
+//!   embedded store, [`BlockingWrites`]). While submissions keep coming,
+//!   the flusher and the syncer each stay on one blocking thread and hand
+//!   work to each other directly: no task spawned and no thread woken per
+//!   flush beyond the one that waits for the work (measured in
+//!   scripts/bench/README.md: each wake-up of a thread costs tens of
+//!   microseconds of CPU on a virtual machine). A busy period ends when no
+//!   submission has come for [`LINGER`]; the threads go back to the pool.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,25 +43,10 @@ pub(super) async fn run(
 ) {
     let (to_syncer, syncer_rx) = mpsc::unbounded_channel();
     let syncer = tokio::spawn(sync_loop(store.clone(), syncer_rx));
-    let mut closing = false;
-    while !closing {
-        let Some(first) = rx.recv().await else { break };
-        let mut batch = Gathered::default();
-        batch.take(first, &mut closing);
-        gather(&mut rx, &config, &mut batch, &mut closing).await;
-        if closing {
-            batch.take_the_rest(&mut rx);
-        }
-        if !batch.subs.is_empty() {
-            let (write, replies) = prepare(batch.subs);
-            let started = Instant::now();
-            let result = store.apply(write).await;
-            let answers = answers(result, replies, &metrics, batch.events, started);
-            // The syncer outlives this loop, so the send cannot fail.
-            let _ = to_syncer.send(answers);
-        }
-    }
-    drop(to_syncer);
+    let mut writer = AsyncWriter { store, to_syncer };
+    flush_while_busy(&mut rx, None, None, &config, &metrics, &mut writer).await;
+    // The syncer ends once it answered every flush handed to it.
+    drop(writer);
     let _ = syncer.await;
     tracing::debug!("flusher stopped");
 }
@@ -91,7 +79,7 @@ pub(super) async fn run_blocking(
         rx = period.rx;
         syncers.retain(|s| !s.is_finished());
         syncers.push(period.syncer);
-        if period.ended {
+        if period.end == End::Ended {
             break;
         }
     }
@@ -102,12 +90,11 @@ pub(super) async fn run_blocking(
 }
 
 /// What a busy period hands back: the queue, its syncer (still answering
-/// the last flushes), and whether the pipeline has ended (closed, or every
-/// handle to it dropped).
+/// the last flushes), and how it ended.
 struct Period {
     rx: mpsc::UnboundedReceiver<Message>,
     syncer: JoinHandle<()>,
-    ended: bool,
+    end: End,
 }
 
 /// Flushes as long as submissions come, starting with `first`, on this
@@ -120,62 +107,142 @@ fn busy(
     metrics: &Metrics,
     handle: &Handle,
 ) -> Period {
-    let (to_syncer, syncer_rx) = std::sync::mpsc::channel::<Answers>();
+    let (to_syncer, syncer_rx) = std::sync::mpsc::channel::<Vec<Answer>>();
     let w = writes.clone();
     let syncer = handle.spawn_blocking(move || {
         while let Ok(first) = syncer_rx.recv() {
-            let mut answers = first;
-            while let Ok(more) = syncer_rx.try_recv() {
-                answers.extend(more);
-            }
+            let answers = with_the_rest(first, || syncer_rx.try_recv().ok());
             answer(w.sync(), answers);
         }
     });
-    let mut next = Some(first);
-    let mut closing = false;
-    let mut ended = false;
-    while let Some(first) = next.take() {
+    let mut writer = BlockingWriter { writes, to_syncer };
+    // The store's writes are blocking calls: they run on this thread,
+    // inside the one future the cycle is.
+    let end = handle.block_on(flush_while_busy(
+        &mut rx,
+        Some(first),
+        Some(LINGER),
+        config,
+        metrics,
+        &mut writer,
+    ));
+    // The syncer ends with its channel, once it answered what it holds.
+    drop(writer);
+    Period { rx, syncer, end }
+}
+
+/// How a run of flush cycles ended.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    /// No submission came for the linger time; more may come later.
+    Idle,
+    /// The pipeline closed, or every handle to it was dropped.
+    Ended,
+}
+
+/// How the flusher applies a flush and hands its answers on.
+trait Writer {
+    async fn apply(&mut self, batch: WriteBatch) -> Result<BatchOutcome, StoreError>;
+    /// Gives the syncer a flush's answers, to send once it is durable.
+    fn hand_off(&mut self, answers: Vec<Answer>);
+}
+
+/// The store's async writes, awaited on the flusher's task.
+struct AsyncWriter {
+    store: Arc<dyn Store>,
+    to_syncer: mpsc::UnboundedSender<Vec<Answer>>,
+}
+
+impl Writer for AsyncWriter {
+    async fn apply(&mut self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        self.store.apply(batch).await
+    }
+
+    fn hand_off(&mut self, answers: Vec<Answer>) {
+        // The syncer outlives this writer, so the send cannot fail.
+        let _ = self.to_syncer.send(answers);
+    }
+}
+
+/// The store's blocking writes, on the busy period's thread.
+struct BlockingWriter {
+    writes: Arc<dyn BlockingWrites>,
+    to_syncer: std::sync::mpsc::Sender<Vec<Answer>>,
+}
+
+impl Writer for BlockingWriter {
+    async fn apply(&mut self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        self.writes.apply(batch)
+    }
+
+    fn hand_off(&mut self, answers: Vec<Answer>) {
+        // The syncer lives as long as its receiver, to the end of this
+        // period: the send cannot fail.
+        let _ = self.to_syncer.send(answers);
+        // While the syncer fsyncs: the answers do not wait for it.
+        self.writes.after_apply();
+    }
+}
+
+/// The flush cycle, as long as submissions come: collect (from `first`,
+/// or the next one queued) until the flush interval's deadline or a full
+/// batch, apply, hand off. With `linger`, returns [`End::Idle`] when no
+/// submission came for that long. A close ends it after one last flush of
+/// everything still queued (accepted, so flushed).
+async fn flush_while_busy(
+    rx: &mut mpsc::UnboundedReceiver<Message>,
+    mut first: Option<Message>,
+    linger: Option<Duration>,
+    config: &PipelineConfig,
+    metrics: &Metrics,
+    writer: &mut impl Writer,
+) -> End {
+    loop {
+        let msg = match first.take() {
+            Some(msg) => msg,
+            None => match next_message(rx, linger).await {
+                Ok(msg) => msg,
+                Err(end) => return end,
+            },
+        };
         let mut batch = Gathered::default();
-        batch.take(first, &mut closing);
-        gather_blocking(&mut rx, config, &mut batch, &mut closing, handle);
+        let mut closing = batch.take(msg);
+        closing = closing || collect(rx, config, &mut batch).await;
         if closing {
-            batch.take_the_rest(&mut rx);
+            batch.take_the_rest(rx);
         }
         if !batch.subs.is_empty() {
-            let (write, replies) = prepare(batch.subs);
+            let events = batch.events;
+            let flush = Flush::of(batch.subs);
             let started = Instant::now();
-            let result = writes.apply(write);
-            let answers = answers(result, replies, metrics, batch.events, started);
-            // The syncer lives as long as its receiver, to the end of this
-            // period: the send cannot fail.
-            let _ = to_syncer.send(answers);
-            // While the syncer fsyncs: the answers do not wait for it.
-            writes.after_apply();
+            let result = writer.apply(flush.batch).await;
+            writer.hand_off(answers(result, flush.waiting, metrics, events, started));
         }
         if closing {
-            ended = true;
-            break;
+            return End::Ended;
         }
-        next = match rx.try_recv() {
-            Ok(m) => Some(m),
-            Err(mpsc::error::TryRecvError::Disconnected) => {
-                ended = true;
-                None
-            }
-            Err(mpsc::error::TryRecvError::Empty) => {
-                match handle.block_on(tokio::time::timeout(LINGER, rx.recv())) {
-                    Ok(Some(m)) => Some(m),
-                    Ok(None) => {
-                        ended = true;
-                        None
-                    }
-                    Err(_) => None,
-                }
-            }
-        };
     }
-    drop(to_syncer);
-    Period { rx, syncer, ended }
+}
+
+/// The next message: one queued now, else one within `linger` (forever
+/// without).
+async fn next_message(
+    rx: &mut mpsc::UnboundedReceiver<Message>,
+    linger: Option<Duration>,
+) -> Result<Message, End> {
+    match rx.try_recv() {
+        Ok(msg) => return Ok(msg),
+        Err(mpsc::error::TryRecvError::Disconnected) => return Err(End::Ended),
+        Err(mpsc::error::TryRecvError::Empty) => {}
+    }
+    let next = match linger {
+        Some(linger) => match tokio::time::timeout(linger, rx.recv()).await {
+            Ok(next) => next,
+            Err(_) => return Err(End::Idle),
+        },
+        None => rx.recv().await,
+    };
+    next.ok_or(End::Ended)
 }
 
 /// The submissions of one batch, and what they carry.
@@ -186,13 +253,15 @@ struct Gathered {
 }
 
 impl Gathered {
-    fn take(&mut self, msg: Message, closing: &mut bool) {
+    /// Takes a submission in; `true` for a close.
+    fn take(&mut self, msg: Message) -> bool {
         match msg {
             Message::Submit(s) => {
                 self.events += s.events.len();
                 self.subs.push(s);
+                false
             }
-            Message::Close => *closing = true,
+            Message::Close => true,
         }
     }
 
@@ -200,177 +269,178 @@ impl Gathered {
     fn take_the_rest(&mut self, rx: &mut mpsc::UnboundedReceiver<Message>) {
         rx.close();
         while let Ok(msg) = rx.try_recv() {
-            if let Message::Submit(s) = msg {
-                self.events += s.events.len();
-                self.subs.push(s);
-            }
+            self.take(msg);
         }
     }
 
-    fn full(&self, config: &PipelineConfig, closing: bool) -> bool {
-        closing || self.events >= config.max_batch_events
+    fn full(&self, config: &PipelineConfig) -> bool {
+        self.events >= config.max_batch_events
     }
 }
 
 /// Adds to the batch whatever is queued, lingering up to the flush interval,
-/// until the batch holds `max_batch_events`.
-async fn gather(
+/// until the batch holds `max_batch_events`; `true` when a close came.
+async fn collect(
     rx: &mut mpsc::UnboundedReceiver<Message>,
     config: &PipelineConfig,
     batch: &mut Gathered,
-    closing: &mut bool,
-) {
+) -> bool {
     let deadline = tokio::time::Instant::now() + config.flush_interval;
-    while !batch.full(config, *closing) {
+    while !batch.full(config) {
         let msg = match rx.try_recv() {
             Ok(msg) => msg,
-            Err(mpsc::error::TryRecvError::Disconnected) => return,
+            Err(mpsc::error::TryRecvError::Disconnected) => return false,
             Err(mpsc::error::TryRecvError::Empty) => {
                 if config.flush_interval.is_zero() {
-                    return;
+                    return false;
                 }
                 match tokio::time::timeout_at(deadline, rx.recv()).await {
                     Ok(Some(msg)) => msg,
-                    Ok(None) | Err(_) => return,
+                    Ok(None) | Err(_) => return false,
                 }
             }
         };
-        batch.take(msg, closing);
-    }
-}
-
-/// [`gather`] on a blocking thread.
-fn gather_blocking(
-    rx: &mut mpsc::UnboundedReceiver<Message>,
-    config: &PipelineConfig,
-    batch: &mut Gathered,
-    closing: &mut bool,
-    handle: &Handle,
-) {
-    let deadline = tokio::time::Instant::now() + config.flush_interval;
-    while !batch.full(config, *closing) {
-        let msg = match rx.try_recv() {
-            Ok(msg) => msg,
-            Err(mpsc::error::TryRecvError::Disconnected) => return,
-            Err(mpsc::error::TryRecvError::Empty) => {
-                if config.flush_interval.is_zero() {
-                    return;
-                }
-                match handle.block_on(tokio::time::timeout_at(deadline, rx.recv())) {
-                    Ok(Some(msg)) => msg,
-                    Ok(None) | Err(_) => return,
-                }
-            }
-        };
-        batch.take(msg, closing);
-    }
-}
-
-/// Answers decided by a flush, held until the flush is durable. Each holds
-/// its room in the queue, so the bounds on queued events and bytes cover
-/// these too.
-type Answers = Vec<(
-    oneshot::Sender<Result<Applied, SubmitError>>,
-    Result<Applied, SubmitError>,
-    Held,
-)>;
-
-/// What each submission waits on, in the order of the batch's requests.
-type Replies = Vec<(
-    oneshot::Sender<Result<Applied, SubmitError>>,
-    Option<CounterKey>,
-    Held,
-)>;
-
-fn prepare(subs: Vec<Submission>) -> (WriteBatch, Replies) {
-    let mut replies = Vec::with_capacity(subs.len());
-    let mut batch = WriteBatch {
-        requests: Vec::with_capacity(subs.len()),
-        wanted: Default::default(),
-    };
-    for s in subs {
-        batch.requests.push(s.events);
-        if let Some(k) = &s.want {
-            batch.wanted.insert(k.clone());
+        if batch.take(msg) {
+            return true;
         }
-        replies.push((s.reply, s.want, s.held));
     }
-    (batch, replies)
+    false
+}
+
+/// A submission's answer, decided by its flush, sent once the flush is
+/// durable. It holds its room in the queue until then, so the bounds on
+/// queued events and bytes cover these too.
+struct Answer {
+    reply: oneshot::Sender<Result<Applied, SubmitError>>,
+    result: Result<Applied, SubmitError>,
+    held: Held,
+}
+
+/// What a submission of a flush waits on.
+struct Waiting {
+    reply: oneshot::Sender<Result<Applied, SubmitError>>,
+    /// The counter whose state after the flush it asked for.
+    want: Option<CounterKey>,
+    held: Held,
+}
+
+/// A batch for the store, and who waits on each of its requests, in order.
+struct Flush {
+    batch: WriteBatch,
+    waiting: Vec<Waiting>,
+}
+
+impl Flush {
+    fn of(subs: Vec<Submission>) -> Flush {
+        let mut waiting = Vec::with_capacity(subs.len());
+        let mut batch = WriteBatch {
+            requests: Vec::with_capacity(subs.len()),
+            wanted: Default::default(),
+        };
+        for s in subs {
+            batch.requests.push(s.events);
+            if let Some(k) = &s.want {
+                batch.wanted.insert(k.clone());
+            }
+            waiting.push(Waiting {
+                reply: s.reply,
+                want: s.want,
+                held: s.held,
+            });
+        }
+        Flush { batch, waiting }
+    }
 }
 
 /// Each request's answer from the flush's result (given once durable).
 fn answers(
     result: Result<BatchOutcome, StoreError>,
-    replies: Replies,
+    waiting: Vec<Waiting>,
     metrics: &Metrics,
     increments: usize,
     started: Instant,
-) -> Answers {
+) -> Vec<Answer> {
     match result {
         Ok(mut out) => {
             metrics.record_flush(increments, out.store_writes, started.elapsed());
-            replies
+            waiting
                 .into_iter()
                 .zip(out.requests.drain(..))
                 .enumerate()
-                .map(|(i, ((reply, want, held), outcome))| {
-                    let answer = match outcome {
+                .map(|(i, (w, outcome))| {
+                    let result = match outcome {
                         RequestOutcome::Applied { duplicates } => Ok(Applied {
                             duplicates,
                             repeats: out.repeats.get(i).copied().unwrap_or(0),
-                            counter: want.and_then(|k| out.counters.get(&k).cloned()),
+                            counter: w.want.and_then(|k| out.counters.get(&k).cloned()),
                         }),
                         RequestOutcome::Overflow { key } => Err(SubmitError::Overflow(key)),
                         RequestOutcome::Failed { reason } => Err(SubmitError::Incomplete(reason)),
                     };
-                    (reply, answer, held)
+                    Answer {
+                        reply: w.reply,
+                        result,
+                        held: w.held,
+                    }
                 })
                 .collect()
         }
         Err(e) => {
             metrics.record_store_error();
-            tracing::error!(error = %e, requests = replies.len(), "flush failed");
-            let answer = match &e {
+            tracing::error!(error = %e, requests = waiting.len(), "flush failed");
+            let error = match &e {
                 StoreError::Halted(why) => {
                     SubmitError::Halted(format!("{why}; nothing of the request was applied"))
                 }
                 _ => SubmitError::Store(e.to_string()),
             };
-            replies
+            waiting
                 .into_iter()
-                .map(|(reply, _, held)| (reply, Err(answer.clone()), held))
+                .map(|w| Answer {
+                    reply: w.reply,
+                    result: Err(error.clone()),
+                    held: w.held,
+                })
                 .collect()
         }
     }
 }
 
+/// `first` and every flush's answers queued behind it: one sync covers them all.
+fn with_the_rest(
+    mut first: Vec<Answer>,
+    mut more: impl FnMut() -> Option<Vec<Answer>>,
+) -> Vec<Answer> {
+    while let Some(next) = more() {
+        first.extend(next);
+    }
+    first
+}
+
 /// Makes flushes durable and answers their requests: takes every flush
 /// applied so far, syncs once, answers them all.
-async fn sync_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Answers>) {
+async fn sync_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Vec<Answer>>) {
     while let Some(first) = rx.recv().await {
-        let mut answers = first;
-        while let Ok(more) = rx.try_recv() {
-            answers.extend(more);
-        }
+        let answers = with_the_rest(first, || rx.try_recv().ok());
         answer(store.sync().await, answers);
     }
 }
 
 /// Sends each answer of flushes that `synced` covered.
-fn answer(synced: Result<(), StoreError>, answers: Answers) {
+fn answer(synced: Result<(), StoreError>, answers: Vec<Answer>) {
     if let Err(e) = &synced {
         tracing::error!(error = %e, requests = answers.len(), "sync failed");
     }
-    for (reply, answer, held) in answers {
-        let answer = match (&synced, answer) {
+    for a in answers {
+        let result = match (&synced, a.result) {
             (Err(StoreError::Halted(why)), Ok(_)) => Err(SubmitError::Halted(format!(
                 "{why}; the write reached the store but may or may not survive a crash"
             ))),
             (Err(e), Ok(_)) => Err(SubmitError::NotDurable(e.to_string())),
-            (_, answer) => answer,
+            (_, result) => result,
         };
         // Room given back first: once answered, a client sees it free.
-        drop(held);
-        let _ = reply.send(answer);
+        drop(a.held);
+        let _ = a.reply.send(result);
     }
 }
