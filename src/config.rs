@@ -300,12 +300,15 @@ pub struct ServeArgs {
 
     /// Origins whose pages may call the API from a browser, comma-separated
     /// (e.g. `https://shop.example,https://www.shop.example`; `*` for any).
+    /// Without API keys, the pages of these origins (not `*`) may also write.
     #[arg(long, env = "COUNTER_GATEWAY_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
 
     /// Without API keys, the `Host` names (or `name:port`) answered besides
     /// loopback ones, comma-separated; `*` for any (only behind a proxy that
-    /// checks Host itself). Guards a keyless gateway against DNS rebinding.
+    /// checks Host itself). Guards a keyless gateway against DNS rebinding;
+    /// pages on these hosts (besides loopback ones) may also write to it,
+    /// those of other sites get 403 `cross_site_write`.
     #[arg(long, env = "COUNTER_GATEWAY_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
 
@@ -374,6 +377,16 @@ pub struct ServeArgs {
     /// nothing there; server-to-server writes always count.
     #[arg(long, env = "COUNTER_GATEWAY_COUNT_CRAWLERS")]
     pub count_crawlers: bool,
+
+    /// Let `write` keys read the counters they count: the answer to an
+    /// increment or decrement made with a `write` key then carries the
+    /// counter's value, category and timestamps, as it does for `read` and
+    /// `admin` keys. By default it says only whether the write was counted
+    /// (`counted`, `skipped`): a `write` key is in public pages, and with
+    /// the value any visitor could read any counter (a decrement that
+    /// changes nothing is a free read).
+    #[arg(long, env = "COUNTER_GATEWAY_WRITE_KEYS_READ_VALUES")]
+    pub write_keys_read_values: bool,
 }
 
 impl ServeArgs {

@@ -42,6 +42,11 @@ pub enum ApiError {
     /// request, or a proxy that forwards a name we were not told of).
     #[error("the Host {0:?} is not a loopback name or address; a gateway without API keys answers only those and the hosts listed with --allowed-hosts")]
     HostNotAllowed(String),
+    /// A keyless gateway was asked to write by a page of another site (the
+    /// header that says so, quoted): a form post, a beacon or an image of
+    /// any page a developer opens would otherwise count on their gateway.
+    #[error("a gateway without API keys takes no writes from pages of other sites: {0} is not a loopback origin nor one of --allowed-hosts; nothing was written")]
+    CrossSite(String),
     #[error("method not allowed")]
     MethodNotAllowed,
     /// The addition would leave the signed 64-bit range; nothing was applied.
@@ -84,7 +89,7 @@ impl ApiError {
                 StatusCode::BAD_REQUEST
             }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_) | ApiError::CrossSite(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::HostNotAllowed(_) => StatusCode::MISDIRECTED_REQUEST,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -109,6 +114,7 @@ impl ApiError {
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::HostNotAllowed(_) => "host_not_allowed",
+            ApiError::CrossSite(_) => "cross_site_write",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Overflow(_) => "counter_overflow",
             ApiError::PayloadTooLarge(_) => "payload_too_large",

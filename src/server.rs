@@ -130,6 +130,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         actor_limits = args.actor_limits.len(),
         crawlers = %crawlers.name(),
         count_crawlers = args.count_crawlers,
+        write_keys_read_values = args.write_keys_read_values,
         "access"
     );
     let gateway = Gateway {
@@ -148,6 +149,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         metrics,
         counters_max_age: args.counters_cache_max_age,
         count_crawlers: args.count_crawlers,
+        write_keys_read_values: args.write_keys_read_values,
     };
     let tenants = gateway.tenants.clone();
     Tenants::spawn_idle_closer(&tenants, args.tenant_idle_timeout);

@@ -313,7 +313,7 @@ async fn a_crawlers_writes_spend_no_actor_budget() {
             app.http
                 .post(app.url("/v1/events"))
                 .header("user-agent", GOOGLEBOT)
-                .header("origin", "https://blog.example")
+                .header("origin", "http://localhost:3000")
                 .json(&batch),
         )
         .await;
@@ -324,7 +324,7 @@ async fn a_crawlers_writes_spend_no_actor_budget() {
             app.http
                 .post(app.url(&path))
                 .header("user-agent", GOOGLEBOT)
-                .header("origin", "https://blog.example")
+                .header("origin", "http://localhost:3000")
                 .json(&json!({"actor": "alice"})),
         )
         .await;

@@ -177,7 +177,8 @@ async fn server_to_server_writes_with_a_crawler_user_agent_still_count() {
             )
             .await;
         assert_eq!(r.status, 200, "{ua}: {}", r.text);
-        assert_eq!(r.json["value"], n as i64 + 1, "{ua}");
+        assert_eq!(r.json["counted"], true, "{ua}");
+        assert_eq!(value_with_key(&app, "s").await, Some(n as i64 + 1), "{ua}");
         let r = post_events(
             &app,
             &[
@@ -263,7 +264,9 @@ async fn each_browser_mark_leaves_a_crawler_out() {
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(r.json["value"], 2);
+    // A write key learns that it counted, not the value.
+    assert_eq!(r.json["counted"], true, "{}", r.text);
+    assert_eq!(value_with_key(&app, "m").await, Some(2));
     let metrics = app.get("/metrics?key=a").await.text;
     assert_eq!(
         common::metric_in(&metrics, "counter_gateway_crawler_events_ignored_total"),

@@ -435,7 +435,7 @@ async fn only_an_applied_write_creates_a_tenant() {
                 json!({"events": [{"entity": "V", "action": "VIEW", "uuid": "u1"}]}),
             )
             .header("user-agent", GOOGLEBOT)
-            .header("origin", "https://blog.example"),
+            .header("origin", "http://localhost:3000"),
         )
         .await;
     assert_eq!(r.status, 202, "{}", r.text);

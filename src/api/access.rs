@@ -63,6 +63,42 @@ role_extractor!(Reader, Role::Read, reader);
 role_extractor!(Admin, Role::Admin, reader);
 role_extractor!(AdminWriter, Role::Admin, writer);
 
+/// What the answer to a single counting write (increment, decrement,
+/// average sample) may show of its counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disclosure {
+    /// The counter as it stands after the write (value, category,
+    /// timestamps): for a keyless gateway, `read` and `admin` keys, and
+    /// `write` keys with `--write-keys-read-values`.
+    Counter,
+    /// Only whether the write was counted: a `write` key is in public
+    /// pages, and with the counter in its answers any visitor could read
+    /// any counter (a decrement that changes nothing is a free read).
+    Outcome,
+}
+
+/// [`Writer`] for a single counting write (increment, decrement, average
+/// sample), with what its answer may show.
+pub struct CounterWriter {
+    pub app: Arc<AppState>,
+    pub disclosure: Disclosure,
+}
+
+impl FromRequestParts<Arc<Gateway>> for CounterWriter {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, ApiError> {
+        let (tenant, role) = authorize(parts, gw, Role::Write)?;
+        let app = gw.tenants.writer(&tenant).await.map_err(tenant_error)?;
+        let disclosure = if role == Some(Role::Write) && !gw.write_keys_read_values {
+            Disclosure::Outcome
+        } else {
+            Disclosure::Counter
+        };
+        Ok(CounterWriter { app, disclosure })
+    }
+}
+
 /// The tenant's app, for a request allowed to read counters by their keys
 /// (the multi-read): a `public` key, or any key that may read. `public`
 /// says the key was a `public` one, whose answers any web page may read

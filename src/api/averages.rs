@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use super::access::{Reader, Writer};
+use super::access::{CounterWriter, Disclosure, Reader};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
@@ -82,17 +82,38 @@ impl AverageJson {
     }
 }
 
+/// The answer to a sample: the all-time average after it, or, to a `write`
+/// key (unless `--write-keys-read-values`), only whether it was counted.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum SampleAnswer {
+    Average(AverageJson),
+    Outcome(SampleOutcome),
+}
+
+/// Whether a sample sent with a `write` key was counted: such a key is in
+/// public pages and may add samples, not read averages.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct SampleOutcome {
+    id: String,
+    entity: String,
+    action: String,
+    uuid: String,
+    /// `false` when its `id` was counted before: nothing was added.
+    counted: bool,
+}
+
 /// Adds (or retracts) one sample and answers the all-time average after it.
 #[utoipa::path(post, path = "/v1/averages/{entity}/{action}/{uuid}",
     summary = "Add (or retract) one sample of an average counter",
     params(KeyPath), security(("bearer" = ["write"]), ("key" = ["write"])),
     request_body(content((SampleBody = "application/json"), (String = "text/plain"))),
-    responses((status = 200, description = "Success", body = AverageJson), NotFound, Overflow))]
+    responses((status = 200, description = "Success", body = SampleAnswer), NotFound, Overflow))]
 pub async fn post(
-    Writer(app): Writer,
+    CounterWriter { app, disclosure }: CounterWriter,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
-) -> Result<Json<AverageJson>, ApiError> {
+) -> Result<Json<SampleAnswer>, ApiError> {
     app.pipeline.admit()?;
     let key = path.key()?;
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -118,6 +139,15 @@ pub async fn post(
     drop(body);
     let app = app.opened().await?;
     let applied = app.pipeline.submit(vec![inc], None).await?;
+    if disclosure == Disclosure::Outcome {
+        return Ok(Json(SampleAnswer::Outcome(SampleOutcome {
+            id: key.doc_id(),
+            entity: key.entity.to_string(),
+            action: key.action.to_string(),
+            uuid: key.uuid.to_string(),
+            counted: applied.duplicates == 0,
+        })));
+    }
     let all = window(&app, None, None, None)?;
     let avg = app.store.average(&key, None).await?.ok_or_else(|| {
         if applied.duplicates > 0 {
@@ -129,7 +159,7 @@ pub async fn post(
             ApiError::Internal(format!("average {key} missing after its write"))
         }
     })?;
-    Ok(Json(AverageJson::new(avg, all)))
+    Ok(Json(SampleAnswer::Average(AverageJson::new(avg, all))))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

@@ -1,22 +1,25 @@
 //! Handlers for one counter and for the counters of one target.
 
-use super::access::{Admin, Reader, Writer};
-use super::crawlers::{self, Crawler, Ignored};
+use super::access::{Admin, CounterWriter, Disclosure, Reader};
+use super::crawlers::{self, Crawler, Ignored, Sender};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use super::extract::{parse_json, JsonBytes, PathParams};
-use super::model::{IncrementBody, KeyPath};
+use super::model::{Direction, IncrementBody, KeyPath};
 use super::openapi::{NotFound, Overflow};
 use super::AppState;
 use crate::actors::Asks;
 use crate::domain::{format_ms, Counter, CounterKey, Increment, Interner};
 use crate::error::ApiError;
 
-/// A counter after an increment or decrement, and whether this request
-/// changed it. A request that was not counted may find no counter (an
+/// Whether an increment or decrement was counted, and the counter after
+/// it. The counter (value, category, timestamps) is left out of the answer
+/// to a `write` key, unless the gateway runs with
+/// `--write-keys-read-values`: such a key is in public pages and may count,
+/// not read. A request that was not counted may find no counter (an
 /// unlike of a counter nobody liked; on Elasticsearch, a repeat while the
 /// actor's first like is still on its way): the answer is then the key at
 /// value 0, without category and timestamps.
@@ -27,15 +30,19 @@ pub struct Incremented {
     entity: String,
     action: String,
     uuid: String,
-    value: i64,
+    /// The counter's value after the write; absent in the answer to a
+    /// `write` key unless the gateway runs with `--write-keys-read-values`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    value: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     category: Option<String>,
-    /// Absent only when no counter exists (see above).
+    /// Absent when no counter exists (see above), or to a `write` key.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, format = DateTime)]
     first_timestamp: Option<String>,
-    /// Absent only when no counter exists (see above).
+    /// Absent when no counter exists (see above), or to a `write` key.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, format = DateTime)]
     recorded_timestamp: Option<String>,
@@ -50,15 +57,23 @@ pub struct Incremented {
 }
 
 impl Incremented {
-    fn new(key: &CounterKey, counter: Option<Counter>, skipped: Option<Skipped>) -> Incremented {
-        let (value, category, first, recorded) = match counter {
-            Some(c) => (
-                c.value,
+    /// `counter`: `None` when there is none, or when the answer may not
+    /// show it ([`Disclosure::Outcome`]).
+    fn new(
+        key: &CounterKey,
+        counter: Option<Counter>,
+        skipped: Option<Skipped>,
+        disclosure: Disclosure,
+    ) -> Incremented {
+        let (value, category, first, recorded) = match (counter, disclosure) {
+            (_, Disclosure::Outcome) => (None, None, None, None),
+            (Some(c), Disclosure::Counter) => (
+                Some(c.value),
                 c.category,
                 Some(format_ms(c.first_ms)),
                 Some(format_ms(c.recorded_ms)),
             ),
-            None => (0, None, None, None),
+            (None, Disclosure::Counter) => (Some(0), None, None, None),
         };
         Incremented {
             id: key.doc_id(),
@@ -94,10 +109,10 @@ pub enum Skipped {
 /// refused whole (429 `throttled`) before anything of it is queued.
 pub(super) async fn applying(
     app: Arc<AppState>,
-    crawler: bool,
+    sender: Sender,
     asks: &Asks,
 ) -> Result<Applying, ApiError> {
-    if crawler {
+    if sender == Sender::Crawler {
         return Ok(Applying::Crawler(app));
     }
     let app = app.opened().await?;
@@ -122,12 +137,12 @@ pub(super) enum Applying {
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
     responses((status = 200, description = "Success", body = Incremented), Ignored, Overflow))]
 pub async fn increment(
-    Writer(app): Writer,
-    Crawler(crawler): Crawler,
+    writer: CounterWriter,
+    Crawler(sender): Crawler,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
 ) -> Result<Response, ApiError> {
-    add(app, path, body, false, crawler).await
+    add(writer, path, body, Direction::Add, sender).await
 }
 
 #[utoipa::path(post, path = "/v1/counters/{entity}/{action}/{uuid}/decrement",
@@ -137,20 +152,20 @@ pub async fn increment(
         (Option<IncrementBody> = "application/json"), (String = "text/plain"))),
     responses((status = 200, description = "Success", body = Incremented), Ignored, Overflow))]
 pub async fn decrement(
-    Writer(app): Writer,
-    Crawler(crawler): Crawler,
+    writer: CounterWriter,
+    Crawler(sender): Crawler,
     PathParams(path): PathParams<KeyPath>,
     JsonBytes(body): JsonBytes,
 ) -> Result<Response, ApiError> {
-    add(app, path, body, true, crawler).await
+    add(writer, path, body, Direction::Subtract, sender).await
 }
 
 async fn add(
-    app: Arc<AppState>,
+    CounterWriter { app, disclosure }: CounterWriter,
     path: KeyPath,
     body: axum::body::Bytes,
-    negate: bool,
-    crawler: bool,
+    direction: Direction,
+    sender: Sender,
 ) -> Result<Response, ApiError> {
     app.pipeline.admit()?;
     let parsed: IncrementBody = if body.iter().all(u8::is_ascii_whitespace) {
@@ -158,7 +173,7 @@ async fn add(
     } else {
         parse_json(&body)?
     };
-    let spec = parsed.spec(&path.entity, &path.action, &path.uuid, negate);
+    let spec = parsed.spec(&path.entity, &path.action, &path.uuid, direction);
     let inc = Increment::from_event(
         &spec,
         &app.time_policy,
@@ -170,7 +185,7 @@ async fn add(
     let mut asks = Asks::default();
     app.actors
         .ask(&mut asks, 0, &inc.key, spec.actor, inc.delta);
-    let app = match applying(app, crawler, &asks).await? {
+    let app = match applying(app, sender, &asks).await? {
         Applying::Crawler(app) => return Ok(crawlers::ignored(&app.metrics, 1)),
         Applying::Write(app) => app,
     };
@@ -188,13 +203,14 @@ async fn add(
     } else {
         None
     };
-    let counter = match applied.counter {
-        Some(c) => Some(c),
+    let counter = match (applied.counter, disclosure) {
+        (_, Disclosure::Outcome) => None,
+        (Some(c), Disclosure::Counter) => Some(c),
         // Not read back by the flush (not counted, or a store that could
         // not): the counter as it stands, if there is one.
-        None => app.store.get(&key).await?,
+        (None, Disclosure::Counter) => app.store.get(&key).await?,
     };
-    Ok(Json(Incremented::new(&key, counter, skipped)).into_response())
+    Ok(Json(Incremented::new(&key, counter, skipped, disclosure)).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/counters/{entity}/{action}/{uuid}",

@@ -332,9 +332,28 @@ pub fn is_known_crawler(user_agent: &[u8]) -> bool {
     list().is_ok_and(|l| l.is_crawler(user_agent))
 }
 
+/// Who sent a counting write, as far as counting goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sender {
+    /// Browser ingestion from a known crawler: answered, not counted.
+    Crawler,
+    /// Anyone else: counted.
+    Counted,
+}
+
+impl Sender {
+    fn crawler_if(crawler: bool) -> Sender {
+        if crawler {
+            Sender::Crawler
+        } else {
+            Sender::Counted
+        }
+    }
+}
+
 /// Whether a counting write is browser ingestion from a known crawler,
 /// to be answered without counting (see the module's documentation).
-pub struct Crawler(pub bool);
+pub struct Crawler(pub Sender);
 
 impl FromRequestParts<Arc<Gateway>> for Crawler {
     type Rejection = std::convert::Infallible;
@@ -343,12 +362,12 @@ impl FromRequestParts<Arc<Gateway>> for Crawler {
         parts: &mut Parts,
         gw: &Arc<Gateway>,
     ) -> Result<Self, Self::Rejection> {
-        Ok(Crawler(left_out(parts, gw)))
+        Ok(Crawler(Sender::crawler_if(left_out(parts, gw))))
     }
 }
 
 /// [`Crawler`] for the pixel, which is browser ingestion whatever it carries.
-pub struct PixelCrawler(pub bool);
+pub struct PixelCrawler(pub Sender);
 
 impl FromRequestParts<Arc<Gateway>> for PixelCrawler {
     type Rejection = std::convert::Infallible;
@@ -359,7 +378,7 @@ impl FromRequestParts<Arc<Gateway>> for PixelCrawler {
     ) -> Result<Self, Self::Rejection> {
         let crawler = !gw.count_crawlers
             && user_agent(&parts.headers).is_some_and(|ua| is_known_crawler(ua.as_bytes()));
-        Ok(PixelCrawler(crawler))
+        Ok(PixelCrawler(Sender::crawler_if(crawler)))
     }
 }
 

@@ -1,6 +1,6 @@
 //! What wraps every request before a handler sees it: CORS for browser
-//! pages on the allowed origins, the `Host` check of a keyless gateway, the
-//! request timeout, and the request metrics (by matched route, never the raw
+//! pages on the allowed origins, the `Host` check and the refusal of
+//! cross-site writes of a keyless gateway, the request timeout, and the request metrics (by matched route, never the raw
 //! path, so cardinality is bounded).
 
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -114,6 +114,90 @@ pub async fn check_host(State(gw): State<Arc<Gateway>>, req: Request, next: Next
     }
 }
 
+/// Loopback keeps other machines out, not the pages a developer opens: any
+/// site can count on a keyless gateway at `localhost` with a form post, a
+/// `text/plain` beacon or an image, all of which a browser sends without
+/// CORS. So a keyless gateway refuses a write (see [`writes`]) from a page
+/// of another site, as the browser tells it: the `Origin` header (else the
+/// `Referer`) names a page that is neither loopback nor allowed (see
+/// [`foreign_page`]), or, when the browser sends neither,
+/// `Sec-Fetch-Site: cross-site`. A
+/// loopback page on another port (localhost:3000 to localhost:8080) and
+/// any client that is not a browser (no such headers) still write. With
+/// keys the key decides.
+pub async fn check_site(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+    if !gw.keys.is_empty() || !writes(req.method(), req.uri().path()) {
+        return next.run(req).await;
+    }
+    match foreign_page(req.headers(), &gw.allowed_hosts, &gw.cors_origins) {
+        Some(said) => ApiError::CrossSite(said).into_response(),
+        None => next.run(req).await,
+    }
+}
+
+/// Whether a request may change data: every method but `GET`, `HEAD` and
+/// `OPTIONS`, save the multi-read's `POST`; and the pixel's `GET`. Also
+/// what `/openapi.json` of a keyless gateway says may answer 403.
+pub(crate) fn writes(method: &Method, path: &str) -> bool {
+    match *method {
+        Method::GET => path.starts_with("/v1/pixel/"),
+        Method::HEAD | Method::OPTIONS => false,
+        Method::POST => path != "/v1/counters/get",
+        _ => true,
+    }
+}
+
+/// The header, quoted, by which the browser says the request comes from a
+/// page of a site that is not allowed; `None` when it says nothing of the
+/// kind. A page is allowed when its host is loopback or one of `hosts`
+/// (`--allowed-hosts`), or its origin is one of `origins` (`--cors-origins`,
+/// whose pages the operator named; its `*` opens reads, not writes).
+/// `Origin` is the precise word and is sent with every cross-origin `POST`;
+/// `Referer` is what an image sends, unless the page's policy suppresses
+/// it, and then `Sec-Fetch-Site` still says "cross-site".
+fn foreign_page(
+    headers: &axum::http::HeaderMap,
+    hosts: &[String],
+    origins: &[String],
+) -> Option<String> {
+    for (name, label) in [(header::ORIGIN, "Origin"), (header::REFERER, "Referer")] {
+        if let Some(value) = headers.get(name) {
+            let page = value.to_str().ok().and_then(url_origin);
+            let allowed = page.is_some_and(|(origin, host)| {
+                host_allowed(host, hosts)
+                    || origins
+                        .iter()
+                        .any(|o| o != "*" && o.trim_end_matches('/').eq_ignore_ascii_case(origin))
+            });
+            // Not allowed: `null` (a sandboxed frame, a file: page), another
+            // scheme, or a host of another site.
+            return (!allowed)
+                .then(|| format!("{label} {:?}", String::from_utf8_lossy(value.as_bytes())));
+        }
+    }
+    let site = headers.get("sec-fetch-site")?;
+    site.as_bytes()
+        .eq_ignore_ascii_case(b"cross-site")
+        .then(|| "Sec-Fetch-Site \"cross-site\"".to_owned())
+}
+
+/// The origin (`scheme://host[:port]`) and host of an `http` or `https`
+/// URL or origin.
+fn url_origin(url: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    if !(scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")) {
+        return None;
+    }
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let host = &rest[..end];
+    // A browser never sends credentials in these headers; a URL that has
+    // some is not one to trust.
+    if host.contains('@') {
+        return None;
+    }
+    Some((&url[..scheme.len() + 3 + end], host))
+}
+
 /// Whether `host` (a `Host` value: a name or address, maybe with a port)
 /// is loopback or one of `allowed` (`*`: any; an entry without a port
 /// allows the name with any port, one with a port only that port).
@@ -171,7 +255,92 @@ fn host_name(host: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use super::host_allowed;
+    use super::{foreign_page, host_allowed, writes};
+    use axum::http::{HeaderMap, HeaderValue, Method};
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.insert(*name, HeaderValue::from_static(value));
+        }
+        h
+    }
+
+    #[test]
+    fn pages_of_other_sites_are_told_by_origin_referer_or_fetch_site() {
+        let allowed = ["counts.example".to_owned()];
+        let origins = ["https://shop.example/".to_owned(), "*".to_owned()];
+        for ok in [
+            &[][..],
+            &[("origin", "http://localhost:3000")],
+            &[("origin", "http://127.0.0.1:5173")],
+            &[("origin", "https://counts.example")],
+            &[("origin", "https://SHOP.example")],
+            &[("referer", "https://shop.example/cart")],
+            &[("referer", "http://[::1]:3000/page?x=1")],
+            &[("sec-fetch-site", "same-site")],
+            &[("sec-fetch-site", "none")],
+            // The origin is loopback: a page on 127.0.0.1 writing to
+            // localhost, which the browser calls cross-site.
+            &[
+                ("origin", "http://127.0.0.1:3000"),
+                ("sec-fetch-site", "cross-site"),
+            ],
+        ] {
+            assert_eq!(
+                foreign_page(&headers(ok), &allowed, &origins),
+                None,
+                "{ok:?}"
+            );
+        }
+        for (bad, named) in [
+            (&[("origin", "https://evil.example")][..], "Origin"),
+            (&[("origin", "null")], "Origin"),
+            (&[("origin", "file://")], "Origin"),
+            (&[("origin", "http://localhost.evil.example")], "Origin"),
+            // Another scheme or port than the CORS origin's.
+            (&[("origin", "http://shop.example")], "Origin"),
+            (&[("origin", "https://shop.example:8443")], "Origin"),
+            // The Origin decides, whatever the Referer says.
+            (
+                &[
+                    ("origin", "https://evil.example"),
+                    ("referer", "http://localhost/"),
+                ],
+                "Origin",
+            ),
+            (&[("referer", "https://evil.example/post")], "Referer"),
+            (&[("referer", "http://localhost@evil.example/")], "Referer"),
+            (&[("sec-fetch-site", "cross-site")], "Sec-Fetch-Site"),
+            (&[("sec-fetch-site", "Cross-Site")], "Sec-Fetch-Site"),
+        ] {
+            let said = foreign_page(&headers(bad), &allowed, &origins);
+            assert!(
+                said.as_deref().is_some_and(|s| s.contains(named)),
+                "{bad:?}: {said:?}"
+            );
+        }
+        assert_eq!(
+            foreign_page(
+                &headers(&[("origin", "https://evil.example")]),
+                &["*".to_owned()],
+                &[]
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn writes_are_the_changing_methods_and_the_pixel() {
+        assert!(writes(&Method::POST, "/v1/events"));
+        assert!(writes(&Method::PUT, "/v1/days"));
+        assert!(writes(&Method::DELETE, "/v1/counters/a/b/c"));
+        assert!(writes(&Method::GET, "/v1/pixel/a/b/c"));
+        assert!(!writes(&Method::HEAD, "/v1/pixel/a/b/c"));
+        assert!(!writes(&Method::GET, "/v1/counters/a/b/c"));
+        assert!(!writes(&Method::POST, "/v1/counters/get"));
+        assert!(!writes(&Method::OPTIONS, "/v1/events"));
+    }
 
     #[test]
     fn loopback_names_and_addresses_pass_others_do_not() {

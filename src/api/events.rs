@@ -23,7 +23,7 @@ use super::openapi::Overflow;
     responses((status = 200, description = "Success", body = EventsAccepted), Ignored, Overflow))]
 pub async fn post(
     Writer(app): Writer,
-    Crawler(crawler): Crawler,
+    Crawler(sender): Crawler,
     JsonBytes(body): JsonBytes,
 ) -> Result<Response, ApiError> {
     app.pipeline.admit()?;
@@ -36,7 +36,7 @@ pub async fn post(
     )?;
     // Every event of the batch checked before any token is taken.
     let accepted = incs.len();
-    let app = match super::counters::applying(app, crawler, &asks).await? {
+    let app = match super::counters::applying(app, sender, &asks).await? {
         Applying::Crawler(app) => return Ok(crawlers::ignored(&app.metrics, accepted)),
         Applying::Write(app) => app,
     };

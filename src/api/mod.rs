@@ -54,6 +54,9 @@ pub struct Gateway {
     pub counters_max_age: Option<Duration>,
     /// `--count-crawlers`: count browser ingestion from known crawlers too.
     pub count_crawlers: bool,
+    /// `--write-keys-read-values`: answers to a `write` key's increments
+    /// and decrements carry the counter (see [`access::Disclosure`]).
+    pub write_keys_read_values: bool,
 }
 
 impl Gateway {
@@ -69,6 +72,7 @@ impl Gateway {
             allowed_hosts: Arc::new([]),
             counters_max_age: None,
             count_crawlers: false,
+            write_keys_read_values: false,
         }
     }
 }
@@ -131,7 +135,12 @@ pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
-        // Inside `observe`, so refusals are counted like any answer.
+        // Inside `observe`, so refusals are counted like any answer; the
+        // `Host` first (layers added later run earlier).
+        .layer(axum::middleware::from_fn_with_state(
+            gw.clone(),
+            edge::check_site,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             gw.clone(),
             edge::check_host,

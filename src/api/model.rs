@@ -206,20 +206,30 @@ fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
     *n == T::default()
 }
 
+/// Which way a single write moves its counter: the increment's and the
+/// decrement's one body reads the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// `POST .../increment`: adds `count`.
+    Add,
+    /// `POST .../decrement`: subtracts `count` (with `unique: ever`, an unlike).
+    Subtract,
+}
+
 impl<'a> IncrementBody<'a> {
     pub fn spec(
         &'a self,
         entity: &'a str,
         action: &'a str,
         uuid: &'a str,
-        negate: bool,
+        direction: Direction,
     ) -> IncrementSpec<'a> {
         IncrementSpec {
             entity,
             action,
             uuid,
             count: self.count,
-            negate,
+            negate: direction == Direction::Subtract,
             category: self.category.as_deref(),
             timestamp: self.timestamp.as_deref(),
             id: self.id.as_deref(),

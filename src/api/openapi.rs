@@ -379,7 +379,11 @@ pub async fn openapi(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "application/json")],
         document(
-            !gw.keys.is_empty(),
+            if gw.keys.is_empty() {
+                Access::Keyless
+            } else {
+                Access::Keyed
+            },
             gw.tenants.default_tenant().limits.max_events_per_request,
         )
         .to_string(),
@@ -515,9 +519,19 @@ const BATCHES: &[&str] = &[
     "/components/schemas/DaysBody/properties/days",
 ];
 
-/// The description, for a gateway with (`keyed`) or without API keys and
+/// The 403 of a keyless gateway's writes.
+const CROSS_SITE: &str = "A page of another site (by its Origin, Referer or Sec-Fetch-Site) may not write on a gateway without API keys (`cross_site_write`); nothing written";
+
+/// Whether the gateway that serves the description has API keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Keyed,
+    Keyless,
+}
+
+/// The description, for a gateway with or without API keys and
 /// `max_events` events per batch.
-pub fn document(keyed: bool, max_events: usize) -> Value {
+pub fn document(access: Access, max_events: usize) -> Value {
     let mut doc = generated().0.clone();
     for batch in BATCHES {
         let array = doc.pointer_mut(batch).and_then(Value::as_object_mut);
@@ -525,16 +539,17 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
             .expect("a batch array of the description")
             .insert("maxItems".into(), json!(max_events));
     }
-    if keyed {
+    if access == Access::Keyed {
         doc["components"]["securitySchemes"] = json!({
             "bearer": {"type": "http", "scheme": "bearer"},
             "key": {"type": "apiKey", "in": "query", "name": "key"},
         });
         return doc;
     }
-    // Without keys, no operation asks for one nor refuses one.
+    // Without keys, no operation asks for one nor refuses one; a write
+    // from a page of another site is refused (`edge::check_site`).
     if let Some(paths) = doc["paths"].as_object_mut() {
-        for item in paths.values_mut() {
+        for (path, item) in paths.iter_mut() {
             for method in METHODS {
                 let Some(op) = item.get_mut(method).and_then(Value::as_object_mut) else {
                     continue;
@@ -542,7 +557,14 @@ pub fn document(keyed: bool, max_events: usize) -> Value {
                 if op.remove("security").is_some() {
                     if let Some(r) = op.get_mut("responses").and_then(Value::as_object_mut) {
                         r.remove("401");
-                        r.remove("403");
+                        let method =
+                            axum::http::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
+                                .expect("an HTTP method");
+                        if super::edge::writes(&method, path) {
+                            r["403"]["description"] = json!(CROSS_SITE);
+                        } else {
+                            r.remove("403");
+                        }
                     }
                 }
             }

@@ -102,7 +102,7 @@ impl PixelQuery {
         Overflow))]
 pub async fn get(
     Writer(app): Writer,
-    PixelCrawler(crawler): PixelCrawler,
+    PixelCrawler(sender): PixelCrawler,
     method: Method,
     PathParams(path): PathParams<KeyPath>,
     QueryParams(query): QueryParams<PixelQuery>,
@@ -125,7 +125,7 @@ pub async fn get(
     let mut asks = Asks::default();
     app.actors
         .ask(&mut asks, 0, &inc.key, spec.actor, inc.delta);
-    let app = match super::counters::applying(app, crawler, &asks).await? {
+    let app = match super::counters::applying(app, sender, &asks).await? {
         Applying::Crawler(app) => {
             crawlers::record(&app.metrics, 1);
             return Ok(gif(StatusCode::ACCEPTED, Some(crawlers::CRAWLER)));

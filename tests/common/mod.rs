@@ -51,6 +51,8 @@ pub struct Options {
     pub actor_limits: Vec<String>,
     /// `--count-crawlers`.
     pub count_crawlers: bool,
+    /// `--write-keys-read-values`.
+    pub write_keys_read_values: bool,
 }
 
 /// Body limit of the test apps.
@@ -78,6 +80,7 @@ impl Default for Options {
             actor_secret: None,
             actor_limits: Vec::new(),
             count_crawlers: false,
+            write_keys_read_values: false,
         }
     }
 }
@@ -208,6 +211,7 @@ impl TestApp {
             metrics,
             counters_max_age: options.counters_max_age,
             count_crawlers: options.count_crawlers,
+            write_keys_read_values: options.write_keys_read_values,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -2,13 +2,20 @@
 // `read` key kept in sessionStorage and sent as `Authorization: Bearer`,
 // never in a URL. Draws its chart as plain SVG; loads nothing from another
 // host. Initial state may come from the URL fragment
-// (#entity=VIDEO&action=VIEW&interval=last_week&uuid=...); a `key` there is
-// moved to sessionStorage and removed from the URL at once.
+// (#entity=VIDEO&action=VIEW&interval=last_week&uuid=...). A link may come
+// from anyone, so the fragment is not trusted: a `key` there leaves the URL
+// at once and is used only after the user accepts it with the page's
+// button (a planted key would show its owner's data as the operator's),
+// and `refresh` is held between REFRESH_MIN and REFRESH_MAX seconds.
 "use strict";
 (function () {
   const KEY_STORE = "counter-gateway.read-key";
   const SVG = "http://www.w3.org/2000/svg";
   const TOP_SIZE = 20;
+  // A refresh is five requests or so: every 2 s at most, every hour at least.
+  const REFRESH_MIN = 2;
+  const REFRESH_MAX = 3600;
+  const REFRESH_DEFAULT = 5;
   const $ = (id) => document.getElementById(id);
 
   // Everything the page shows is a function of this state (and the data).
@@ -24,6 +31,8 @@
   let generation = 0;
   let refreshes = 0;
   let timer = null;
+  // A key from the link, waiting for the user's yes or no.
+  let offeredKey = null;
 
   class ApiError extends Error {
     constructor(status, type, reason) {
@@ -38,9 +47,10 @@
   function readFragment() {
     const p = new URLSearchParams(location.hash.slice(1));
     if (p.has("key")) {
-      // Only for tests and links made on purpose: the key goes to
-      // sessionStorage and leaves the URL (and the history) right away.
-      sessionStorage.setItem(KEY_STORE, p.get("key"));
+      // Out of the URL (and the history) right away; kept in this variable
+      // only, until the user accepts it (useLinkKey) or drops it.
+      offeredKey = p.get("key");
+      $("link-key").hidden = false;
       p.delete("key");
       const rest = p.toString();
       history.replaceState(null, "", location.pathname + location.search + (rest ? "#" + rest : ""));
@@ -72,8 +82,21 @@
     $("days").value = state.days;
     $("page-size").value = state.size;
     showRange();
-    const secs = Number(state.refresh);
-    $("refresh-note").textContent = secs > 0 ? "refreshes every " + secs + " s while open" : "automatic refresh is off";
+    $("refresh-note").textContent = refreshEvery().note;
+  }
+
+  // The refresh interval the state asks for, held within its bounds, and
+  // what the page says of it.
+  function refreshEvery() {
+    const asked = Number(state.refresh);
+    const every = (secs, why) => ({ secs, note: "refreshes every " + secs + " s while open" + why });
+    if (state.refresh.trim() === "" || !Number.isFinite(asked) || asked < 0) {
+      return every(REFRESH_DEFAULT, " (refresh=" + state.refresh + " is not a number of seconds)");
+    }
+    if (asked === 0) return { secs: 0, note: "automatic refresh is off" };
+    if (asked < REFRESH_MIN) return every(REFRESH_MIN, ", the shortest interval (" + state.refresh + " s was asked)");
+    if (asked > REFRESH_MAX) return every(REFRESH_MAX, ", the longest interval (" + state.refresh + " s was asked)");
+    return every(asked, "");
   }
 
   function readInputs() {
@@ -365,7 +388,7 @@
 
   function schedule() {
     if (timer) clearInterval(timer);
-    const secs = Number(state.refresh);
+    const secs = refreshEvery().secs;
     if (secs > 0) {
       timer = setInterval(() => { if (!document.hidden) refresh(); }, secs * 1000);
     }
@@ -398,6 +421,14 @@
     a.click();
     a.remove();
     setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+  }
+
+  function useLinkKey(accepted) {
+    if (accepted && offeredKey) sessionStorage.setItem(KEY_STORE, offeredKey);
+    offeredKey = null;
+    $("link-key").hidden = true;
+    showKeyState();
+    if (accepted) refresh();
   }
 
   function showKeyState() {
@@ -446,6 +477,8 @@
       showKeyState();
       refresh();
     });
+    $("use-link-key").addEventListener("click", () => useLinkKey(true));
+    $("drop-link-key").addEventListener("click", () => useLinkKey(false));
     $("forget-key").addEventListener("click", () => {
       sessionStorage.removeItem(KEY_STORE);
       showKeyState();
