@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real single-node Elasticsearch 7.10.2 (the OSS build: no ILM, no security) for tests, run in
-# a JVM from Maven Central jars (see scripts/elasticsearch-node/README.md).
+# a JVM from Maven Central jars (see scripts/opensearch/README.md, "Other engines").
 #
 #   scripts/elasticsearch-node.sh build             resolve jars + compile (fast when up to date)
 #   scripts/elasticsearch-node.sh start [--pidfile F] [--parent-pid PID] [--watch-stdin]
