@@ -209,7 +209,7 @@ impl Engine {
                 "Elasticsearch {major}.{minor} is too old: composable index templates need 7.8 or later (8.x and 9.x are supported)"
             )),
             Engine::OpenSearch { major, .. } if major < 1 => {
-                Err(format!("OpenSearch {major} is not supported (2.x is)"))
+                Err(format!("OpenSearch {major} is not supported (2.x and 3.x are)"))
             }
             _ => Ok(()),
         }
@@ -478,6 +478,37 @@ mod tests {
             .supported()
             .is_err());
         assert!(Engine::from_root(&json!({})).is_err());
+    }
+
+    #[test]
+    fn opensearch_3_is_read_supported_and_gets_no_ilm() {
+        // GET / of the OpenSearch 3.3.2 node the gate starts
+        // (scripts/opensearch3.sh): it says `minimum_wire_compatibility_version`
+        // 2.19, which must not be read as its own version.
+        let root = json!({"name": "node-0", "version": {"distribution": "opensearch",
+            "number": "3.3.2", "build_type": "unknown", "lucene_version": "10.3.1",
+            "minimum_wire_compatibility_version": "2.19.0",
+            "minimum_index_compatibility_version": "2.0.0"},
+            "tagline": "The OpenSearch Project: https://opensearch.org/"});
+        let os3 = Engine::from_root(&root).unwrap();
+        assert_eq!(os3, Engine::OpenSearch { major: 3, minor: 3 });
+        assert_eq!(os3.to_string(), "OpenSearch 3.3");
+        assert!(os3.supported().is_ok());
+        assert!(!os3.has_ilm());
+        assert_eq!(
+            os3.with_ilm_probe(200, &json!({"operation_mode": "RUNNING"})),
+            os3
+        );
+        let names = IndexNames::new("cg", "default").unwrap();
+        let s = steps(&names, os3);
+        let os2 = Engine::OpenSearch {
+            major: 2,
+            minor: 19,
+        };
+        assert_eq!(s, steps(&names, os2), "3.x takes what 2.19 takes");
+        let old = json!({"version": {"distribution": "opensearch", "number": "0.9.0"}});
+        let err = Engine::from_root(&old).unwrap().supported().unwrap_err();
+        assert!(err.contains("2.x and 3.x"), "{err}");
     }
 
     #[test]
