@@ -46,46 +46,77 @@ for at in 2027-01-31T12:00:00Z 2027-12-31T12:00:00Z 2028-02-29T12:00:00Z 2026-12
   rm -f "$at_log"
 done
 
-echo "== real search engine suites (tests/es_real.rs, tests/es_node_faults.rs, tests/es_transfer.rs)"
-# Against ELASTICSEARCH_URL when set (any Elasticsearch 8/9 or OpenSearch 2);
-# otherwise against a real OpenSearch 2.19 node that scripts/opensearch.sh
-# builds from Maven Central and starts for this run (Java 17 and Maven).
-# Without them the suite is reported as skipped, with the reason.
+echo "== real search engine suites (tests/es_real.rs, tests/es_transfer.rs, tests/es_node_faults.rs)"
+# Against ELASTICSEARCH_URL when set (any Elasticsearch 7.8+ or OpenSearch 2/3);
+# otherwise against real single-node engines that the launchers build from
+# Maven Central jars and start for this run, one stage each: OpenSearch 2.19
+# (scripts/opensearch.sh), Elasticsearch 7.10.2 (scripts/elasticsearch-node.sh,
+# the OSS build: no ILM) and OpenSearch 3.3 (scripts/opensearch3.sh, Java 21+).
+# They need Java and Maven; an engine that cannot run here is reported as
+# skipped, with the launcher's reason.
 if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing Java 17 and Maven for the OpenSearch test node"
+    echo "installing Java 17 and Maven for the test nodes"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless maven) >/dev/null 2>&1 || true
   fi
 fi
-# tests/es_node_faults.rs starts, SIGKILLs and restarts a node of its own
-# through scripts/opensearch.sh (so it needs java and mvn even when
-# ELASTICSEARCH_URL is set; without them it stays counted as skipped there).
-es_log=$(mktemp)
-es_status=0
+real_suites=(--test es_real --test es_transfer --test es_node_faults)
+# The plain run above built these binaries (every stage reuses them) and
+# counted their tests, all #[ignore]d, as skipped. `listed SUITES...` says
+# how many tests they hold. From here each stage counts the runs it made, so a test
+# that ran on three engines counts three times, and a stage that could not
+# run counts its tests as skipped once more.
+listed() { cargo test --locked "$@" -- --ignored --list 2>/dev/null | grep -c ': test$' || true; }
+ignored=$((ignored - $(listed "${real_suites[@]}")))
+
+# engine_stage LABEL PREFIX NODE LAUNCHER MODE -- SUITES...: run SUITES'
+# ignored tests with COUNTER_GATEWAY_TEST_NODE=NODE (tests/es_node_faults.rs
+# starts its own nodes with that launcher). MODE "run": with LAUNCHER's node
+# up and ELASTICSEARCH_URL pointing at it; "url": against ELASTICSEARCH_URL
+# as it is, after checking that LAUNCHER can build its node ("-": no node
+# needed). A line "PREFIX: unavailable: why" from the launcher makes the
+# stage SKIPPED; a failure to run is a failure, and so is every test that
+# did not report.
+engine_stage() {
+  local label="$1" prefix="$2" node="$3" launcher="$4" mode="$5"; shift 6
+  local log t0=$SECONDS status=0 n p f
+  log=$(mktemp)
+  echo "-- $label"
+  if [ "$mode" = run ]; then
+    RUST_LOG="${RUST_LOG:-warn}" COUNTER_GATEWAY_TEST_NODE="$node" \
+      "$launcher" run -- cargo test --locked --no-fail-fast "$@" -- --ignored 2>&1 | tee "$log" || status=$?
+  else
+    [ "$launcher" = - ] || "$launcher" build 2>&1 | tee "$log" || status=$?
+    [ "$status" -ne 0 ] || RUST_LOG="${RUST_LOG:-warn}" COUNTER_GATEWAY_TEST_NODE="$node" \
+      cargo test --locked --no-fail-fast "$@" -- --ignored 2>&1 | tee -a "$log" || status=$?
+  fi
+  n=$(listed "$@"); p=$(count "$log" "passed;"); f=$(count "$log" "failed;")
+  if [ "$status" -ne 0 ] && grep -q "^$prefix: unavailable:" "$log"; then
+    echo "$label: SKIPPED, not run: $(grep -m1 "^$prefix: unavailable:" "$log" | cut -d: -f3- | sed 's/^ //'); its $n tests are counted as skipped"
+    ignored=$((ignored + n))
+  elif [ "$status" -ne 0 ] && { [ "$f" -eq 0 ] || [ $((p + f)) -lt "$n" ]; }; then
+    echo "$label: FAILED to run (exit $status): $p passed, $f failed, $((n - p - f)) of $n did not report"
+    passed=$((passed + p)); failed=$((failed + (n - p > 0 ? n - p : 1)))
+  else
+    passed=$((passed + p)); failed=$((failed + f))
+    echo "$label: $p passed, $f failed of $n, in $((SECONDS - t0)) s"
+  fi
+  rm -f "$log"
+}
+
 if [ -n "${ELASTICSEARCH_URL:-}" ]; then
   echo "against ELASTICSEARCH_URL=${ELASTICSEARCH_URL}"
-  es_suites=(--test es_real --test es_transfer)
-  if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then
-    es_suites+=(--test es_node_faults)
-  else
-    echo "tests/es_node_faults.rs: SKIPPED, needs java and mvn for its own node"
-  fi
-  RUST_LOG="${RUST_LOG:-warn}" cargo test --locked "${es_suites[@]}" -- --ignored 2>&1 | tee "$es_log" || es_status=$?
+  # tests/es_node_faults.rs SIGKILLs and restarts a node, so it runs on a
+  # node of its own (OpenSearch 2.19) even here.
+  engine_stage "ELASTICSEARCH_URL" - opensearch - url -- --test es_real --test es_transfer
+  engine_stage "node faults on OpenSearch 2.19" opensearch opensearch scripts/opensearch.sh url -- --test es_node_faults
 else
-  RUST_LOG="${RUST_LOG:-warn}" scripts/opensearch.sh run -- cargo test --locked --test es_real --test es_node_faults --test es_transfer -- --ignored 2>&1 | tee "$es_log" || es_status=$?
+  engine_stage "OpenSearch 2.19" opensearch opensearch scripts/opensearch.sh run -- "${real_suites[@]}"
+  engine_stage "Elasticsearch 7.10.2" elasticsearch elasticsearch scripts/elasticsearch-node.sh run -- "${real_suites[@]}"
+  engine_stage "OpenSearch 3.3" opensearch3 opensearch3 scripts/opensearch3.sh run -- "${real_suites[@]}"
 fi
-es_passed=$(count "$es_log" "passed;"); es_failed=$(count "$es_log" "failed;")
-if grep -q '^opensearch: unavailable:' "$es_log"; then
-  echo "real search engine suite: SKIPPED, not run: $(grep -m1 '^opensearch: unavailable:' "$es_log" | cut -d: -f3-); its tests are counted as skipped"
-elif [ "$es_status" -ne 0 ] && [ "$es_failed" -eq 0 ]; then
-  echo "real search engine suite FAILED to run (exit $es_status)"
-  failed=$((failed + 1))
-else
-  # Those tests ran: they move from skipped to passed or failed.
-  passed=$((passed + es_passed)); failed=$((failed + es_failed))
-  ignored=$((ignored - es_passed - es_failed))
-fi
-rm -f "$es_log"
+# (Multi-node stages go here, after the single-node engines, each through
+# engine_stage with its own launcher and suites.)
 
 echo "== browser suite (tests/dashboard.rs in headless Chromium)"
 # The dashboard rendered by a real browser: Debian's chromium, installed here

@@ -23,6 +23,7 @@ const ES8: counter_gateway::store::elasticsearch::templates::Engine =
     counter_gateway::store::elasticsearch::templates::Engine::Elasticsearch {
         major: 8,
         minor: 15,
+        ilm: true,
     };
 
 fn fixture(name: &str) -> String {

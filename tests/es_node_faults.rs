@@ -3,7 +3,10 @@
 //! every acknowledged increment survived the SIGKILL.
 //!
 //! The test starts and stops its own node through `scripts/opensearch.sh
-//! start/stop` (fixed free port, a temp data dir kept across the restart).
+//! start/stop` (fixed free port, a temp data dir kept across the restart),
+//! or through the launcher `COUNTER_GATEWAY_TEST_NODE` names:
+//! `elasticsearch` (`scripts/elasticsearch-node.sh`, Elasticsearch 7.10) or
+//! `opensearch3` (`scripts/opensearch3.sh`).
 //! It is ignored by default; the gate (`scripts/test.sh`) runs it. Without
 //! java or mvn it fails and says why: it never passes without having run.
 
@@ -40,8 +43,24 @@ struct Node {
     pid: u32,
 }
 
+/// The launcher and the prefix of its environment variables and output lines.
+fn launcher() -> (&'static str, &'static str) {
+    match std::env::var("COUNTER_GATEWAY_TEST_NODE").as_deref() {
+        Err(_) | Ok("") | Ok("opensearch") => ("scripts/opensearch.sh", "OPENSEARCH"),
+        Ok("elasticsearch") => ("scripts/elasticsearch-node.sh", "ELASTICSEARCH"),
+        Ok("opensearch3") => ("scripts/opensearch3.sh", "OPENSEARCH"),
+        Ok(other) => panic!(
+            "COUNTER_GATEWAY_TEST_NODE={other:?}: expected opensearch, opensearch3 or elasticsearch"
+        ),
+    }
+}
+
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/opensearch.sh")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(launcher().0)
+}
+
+fn var(name: &str) -> String {
+    format!("{}_{name}", launcher().1)
 }
 
 fn free_port() -> u16 {
@@ -58,24 +77,22 @@ impl Node {
             .args(["start", "--pidfile"])
             .arg(pidfile)
             .args(["--parent-pid", &std::process::id().to_string()])
-            .env("OPENSEARCH_PORT", port.to_string())
-            .env("OPENSEARCH_TRANSPORT_PORT", transport.to_string())
-            .env("OPENSEARCH_DATA_DIR", data)
-            .env("OPENSEARCH_JAVA_OPTS", "-Xms512m -Xmx512m")
+            .env(var("PORT"), port.to_string())
+            .env(var("TRANSPORT_PORT"), transport.to_string())
+            .env(var("DATA_DIR"), data)
+            .env(var("JAVA_OPTS"), "-Xms512m -Xmx512m")
             .output()
-            .expect("run scripts/opensearch.sh");
+            .unwrap_or_else(|e| panic!("run {}: {e}", launcher().0));
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         match out.status.code() {
             Some(0) => {}
             Some(3) => panic!(
-                "no OpenSearch node can run here (java 17 and mvn are needed): {}",
+                "no node can run here ({} needs java and mvn): {}",
+                launcher().0,
                 stderr.trim()
             ),
-            _ => panic!(
-                "scripts/opensearch.sh start failed ({}): {stderr}",
-                out.status
-            ),
+            _ => panic!("{} start failed ({}): {stderr}", launcher().0, out.status),
         }
         let field = |name: &str| {
             stdout
@@ -86,8 +103,8 @@ impl Node {
         };
         Node {
             pidfile: pidfile.to_path_buf(),
-            url: field("OPENSEARCH_URL="),
-            pid: field("OPENSEARCH_PID=").parse().unwrap(),
+            url: field(&format!("{}=", var("URL"))),
+            pid: field(&format!("{}=", var("PID"))).parse().unwrap(),
         }
     }
 
@@ -116,7 +133,7 @@ impl Drop for Node {
         let _ = Command::new(script())
             .args(["stop", "--pidfile"])
             .arg(&self.pidfile)
-            .env("OPENSEARCH_STOP_GRACE", "10")
+            .env(var("STOP_GRACE"), "10")
             .status();
     }
 }

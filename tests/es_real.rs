@@ -39,6 +39,7 @@ const ES8: counter_gateway::store::elasticsearch::templates::Engine =
     counter_gateway::store::elasticsearch::templates::Engine::Elasticsearch {
         major: 8,
         minor: 15,
+        ilm: true,
     };
 
 const NEEDS: &str = "needs a real Elasticsearch or OpenSearch: set ELASTICSEARCH_URL, or run \

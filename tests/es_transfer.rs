@@ -92,6 +92,7 @@ async fn cleanup(url: &str, prefix: &str) {
     let es8 = counter_gateway::store::elasticsearch::templates::Engine::Elasticsearch {
         major: 8,
         minor: 15,
+        ilm: true,
     };
     for step in counter_gateway::store::elasticsearch::templates::steps(&names, es8)
         .iter()

@@ -19,7 +19,10 @@ pub struct SetupReport {
 
 impl ElasticsearchStore {
     /// The engine behind the URL, from `GET /` (which needs the `monitor`
-    /// cluster privilege); remembered for the store's lifetime.
+    /// cluster privilege) and, on Elasticsearch, `GET /_ilm/status`: the OSS
+    /// build of 7.x says `build_flavor: unknown` when assembled from jars,
+    /// so only asking ILM tells whether it is there. Remembered for the
+    /// store's lifetime.
     pub async fn engine(&self) -> Result<Engine, StoreError> {
         if let Some(e) = self.engine.get() {
             return Ok(*e);
@@ -28,28 +31,53 @@ impl ElasticsearchStore {
         if status != 200 {
             return Err(privilege_or(status, "GET /", &root, "monitor"));
         }
-        let engine = Engine::from_root(&root).map_err(StoreError::Internal)?;
+        let mut engine = Engine::from_root(&root).map_err(StoreError::Internal)?;
         engine.supported().map_err(StoreError::Internal)?;
+        if engine.has_ilm() {
+            let (status, body) = self.call(Method::Get, "/_ilm/status", &[], None).await?;
+            if status == 429 || status >= 500 {
+                return Err(privilege_or(status, "GET /_ilm/status", &body, "monitor"));
+            }
+            engine = engine.with_ilm_probe(status, &body);
+        }
         Ok(*self.engine.get_or_init(|| engine))
     }
 
     /// Installs what `index-templates/` holds for this engine, skipping what
     /// is current. Scripts are stored in their `update` context, which
     /// compiles them: a script the engine cannot compile fails here, named.
+    ///
+    /// Every object is read before any is written, so an endpoint the
+    /// engine lacks or a privilege the user lacks fails setup before it
+    /// changed anything (an OSS 7.10 node once took the scripts, then
+    /// refused `_ilm`, leaving half a setup).
     pub async fn setup(&self) -> Result<SetupReport, StoreError> {
         let engine = self.engine().await?;
+        if !engine.has_ilm() {
+            tracing::warn!(
+                %engine,
+                "no index lifecycle management on this engine: templates go in without a \
+                 lifecycle policy, and the gateway deletes expired bucket and day-mark \
+                 indices itself, at start and once a day"
+            );
+        }
         let mut report = SetupReport {
             engine,
             installed: Vec::new(),
             current: Vec::new(),
             newer: Vec::new(),
         };
+        let mut plan = Vec::new();
         for step in templates::steps(&self.config.names, engine) {
             let (status, body) = self.call(Method::Get, &step.path, &[], None).await?;
             if status != 200 && status != 404 {
                 return Err(privilege_or(status, &step.name, &body, "manage"));
             }
-            match step.needs_install(status, &body) {
+            let install = step.needs_install(status, &body);
+            plan.push((step, install));
+        }
+        for (step, install) in plan {
+            match install {
                 Install::Current => report.current.push(step.name),
                 Install::Newer => {
                     tracing::warn!(name = %step.name, "left alone: installed by a newer gateway");

@@ -2,8 +2,9 @@
 //! composable index templates), named after the index prefix and installed
 //! idempotently: each carries a version, an installed copy at the same or a
 //! newer version is left alone, an older one is replaced. What is installed
-//! depends on the [`Engine`]: OpenSearch has no ILM (it refuses the policy
-//! endpoint and the `index.lifecycle.name` setting).
+//! depends on the [`Engine`]: OpenSearch and Elasticsearch's OSS build have
+//! no ILM (they refuse the policy endpoint and the `index.lifecycle.name`
+//! setting).
 
 use serde_json::{json, Value};
 
@@ -126,13 +127,26 @@ pub fn ilm_policy_name(prefix: &str) -> String {
 /// The search engine behind the URL, as `GET /` describes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Engine {
-    Elasticsearch { major: u32, minor: u32 },
-    OpenSearch { major: u32, minor: u32 },
+    /// `ilm` is false on a build without index lifecycle management (the
+    /// OSS distribution of 7.x): there the gateway sweeps expired indices
+    /// itself, as on OpenSearch.
+    Elasticsearch {
+        major: u32,
+        minor: u32,
+        ilm: bool,
+    },
+    OpenSearch {
+        major: u32,
+        minor: u32,
+    },
 }
 
 impl Engine {
-    /// Reads `version.distribution` (only OpenSearch sends it) and
-    /// `version.number` of a `GET /` answer.
+    /// Reads `version.distribution` (only OpenSearch sends it),
+    /// `version.number` and `version.build_flavor` (`oss`: no ILM) of a
+    /// `GET /` answer. An Elasticsearch that does not say `oss` is taken to
+    /// have ILM until [`Engine::with_ilm_probe`] says otherwise: builds
+    /// assembled from jars report `unknown`.
     pub fn from_root(root: &Value) -> Result<Engine, String> {
         let number = root
             .pointer("/version/number")
@@ -148,25 +162,54 @@ impl Engine {
             .and_then(Value::as_str)
         {
             Some("opensearch") => Ok(Engine::OpenSearch { major, minor }),
-            None | Some("elasticsearch") => Ok(Engine::Elasticsearch { major, minor }),
+            None | Some("elasticsearch") => Ok(Engine::Elasticsearch {
+                major,
+                minor,
+                ilm: root
+                    .pointer("/version/build_flavor")
+                    .and_then(Value::as_str)
+                    != Some("oss"),
+            }),
             Some(other) => Err(format!("unknown search engine distribution {other:?}")),
         }
     }
 
-    /// Index lifecycle management: Elasticsearch only.
+    /// Index lifecycle management: Elasticsearch, except its OSS build.
     pub fn has_ilm(&self) -> bool {
-        matches!(self, Engine::Elasticsearch { .. })
+        matches!(self, Engine::Elasticsearch { ilm: true, .. })
+    }
+
+    /// Corrects `ilm` with the answer to `GET /_ilm/status`. Only a 200
+    /// with an `operation_mode` proves ILM; an OSS build reads `_ilm` as an
+    /// index name (400 `invalid_index_name_exception`) or has no such
+    /// route (404/405). A 401/403 means the user may not read ILM's state,
+    /// which only a build with ILM checks: ILM stays assumed, and setup's
+    /// own `PUT _ilm/policy` then names the missing privilege.
+    pub fn with_ilm_probe(self, status: u16, body: &Value) -> Engine {
+        match self {
+            Engine::Elasticsearch {
+                major,
+                minor,
+                ilm: true,
+            } => {
+                let ilm = status == 401
+                    || status == 403
+                    || (status == 200 && body.get("operation_mode").is_some());
+                Engine::Elasticsearch { major, minor, ilm }
+            }
+            other => other,
+        }
     }
 
     /// Composable index templates and component templates: Elasticsearch
     /// 7.8+, every OpenSearch.
     pub fn supported(&self) -> Result<(), String> {
         match *self {
-            Engine::Elasticsearch { major, minor } if (major, minor) < (7, 8) => Err(format!(
+            Engine::Elasticsearch { major, minor, .. } if (major, minor) < (7, 8) => Err(format!(
                 "Elasticsearch {major}.{minor} is too old: composable index templates need 7.8 or later (8.x and 9.x are supported)"
             )),
             Engine::OpenSearch { major, .. } if major < 1 => {
-                Err(format!("OpenSearch {major} is not supported (2.x is)"))
+                Err(format!("OpenSearch {major} is not supported (2.x and 3.x are)"))
             }
             _ => Ok(()),
         }
@@ -176,7 +219,16 @@ impl Engine {
 impl std::fmt::Display for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Engine::Elasticsearch { major, minor } => write!(f, "Elasticsearch {major}.{minor}"),
+            Engine::Elasticsearch {
+                major,
+                minor,
+                ilm: true,
+            } => write!(f, "Elasticsearch {major}.{minor}"),
+            Engine::Elasticsearch {
+                major,
+                minor,
+                ilm: false,
+            } => write!(f, "Elasticsearch {major}.{minor} without ILM"),
             Engine::OpenSearch { major, minor } => write!(f, "OpenSearch {major}.{minor}"),
         }
     }
@@ -271,7 +323,8 @@ fn parse(file: &str, what: &str) -> Value {
 
 /// Every step of `setup` on `engine`, in install order: scripts and the ILM
 /// policy before the templates that name them, component templates before
-/// the index templates composed of them. Without ILM (OpenSearch) there is
+/// the index templates composed of them. Without ILM (OpenSearch, the OSS
+/// build of Elasticsearch 7) there is
 /// no policy and no lifecycle setting: the gateway deletes expired monthly
 /// indices itself.
 pub fn steps(names: &IndexNames, engine: Engine) -> Vec<Step> {
@@ -363,6 +416,7 @@ mod tests {
     const ES8: Engine = Engine::Elasticsearch {
         major: 8,
         minor: 15,
+        ilm: true,
     };
 
     #[test]
@@ -413,13 +467,78 @@ mod tests {
         let es = json!({"version": {"number": "9.1.0", "build_flavor": "default"}});
         assert_eq!(
             Engine::from_root(&es),
-            Ok(Engine::Elasticsearch { major: 9, minor: 1 })
+            Ok(Engine::Elasticsearch {
+                major: 9,
+                minor: 1,
+                ilm: true
+            })
         );
         assert!(Engine::from_root(&json!({"version": {"number": "7.4.2"}}))
             .unwrap()
             .supported()
             .is_err());
         assert!(Engine::from_root(&json!({})).is_err());
+    }
+
+    #[test]
+    fn opensearch_3_is_read_supported_and_gets_no_ilm() {
+        // GET / of the OpenSearch 3.3.2 node the gate starts
+        // (scripts/opensearch3.sh): it says `minimum_wire_compatibility_version`
+        // 2.19, which must not be read as its own version.
+        let root = json!({"name": "node-0", "version": {"distribution": "opensearch",
+            "number": "3.3.2", "build_type": "unknown", "lucene_version": "10.3.1",
+            "minimum_wire_compatibility_version": "2.19.0",
+            "minimum_index_compatibility_version": "2.0.0"},
+            "tagline": "The OpenSearch Project: https://opensearch.org/"});
+        let os3 = Engine::from_root(&root).unwrap();
+        assert_eq!(os3, Engine::OpenSearch { major: 3, minor: 3 });
+        assert_eq!(os3.to_string(), "OpenSearch 3.3");
+        assert!(os3.supported().is_ok());
+        assert!(!os3.has_ilm());
+        assert_eq!(
+            os3.with_ilm_probe(200, &json!({"operation_mode": "RUNNING"})),
+            os3
+        );
+        let names = IndexNames::new("cg", "default").unwrap();
+        let s = steps(&names, os3);
+        let os2 = Engine::OpenSearch {
+            major: 2,
+            minor: 19,
+        };
+        assert_eq!(s, steps(&names, os2), "3.x takes what 2.19 takes");
+        let old = json!({"version": {"distribution": "opensearch", "number": "0.9.0"}});
+        let err = Engine::from_root(&old).unwrap().supported().unwrap_err();
+        assert!(err.contains("2.x and 3.x"), "{err}");
+    }
+
+    #[test]
+    fn an_elasticsearch_without_ilm_is_found_and_gets_no_ilm() {
+        // GET / of the OSS 7.10.2 node the gate starts (assembled from jars:
+        // `build_flavor` is "unknown", not "oss"), then its GET /_ilm/status.
+        let root = json!({"version": {"number": "7.10.2", "build_flavor": "unknown", "build_type": "unknown"}});
+        let es7 = Engine::from_root(&root).unwrap();
+        assert!(es7.supported().is_ok());
+        let no_route = json!({"error": "Incorrect HTTP method for uri [/_ilm/status] and method [GET], allowed: [POST]", "status": 405});
+        let oss = es7.with_ilm_probe(405, &no_route);
+        assert!(!oss.has_ilm(), "{oss}");
+        assert_eq!(oss.to_string(), "Elasticsearch 7.10 without ILM");
+        // An index-name reading of `_ilm` (400) says the same.
+        let bad_name = json!({"error": {"type": "invalid_index_name_exception"}, "status": 400});
+        assert!(!es7.with_ilm_probe(400, &bad_name).has_ilm());
+        // A licensed build answers with its mode; a user without `read_ilm`
+        // gets 403 from a build that has ILM.
+        assert!(es7
+            .with_ilm_probe(200, &json!({"operation_mode": "RUNNING"}))
+            .has_ilm());
+        assert!(es7.with_ilm_probe(403, &json!({})).has_ilm());
+        // `build_flavor: oss` (the OSS tarball) needs no probe.
+        let oss_root = json!({"version": {"number": "7.10.2", "build_flavor": "oss"}});
+        assert!(!Engine::from_root(&oss_root).unwrap().has_ilm());
+        let names = IndexNames::new("cg", "default").unwrap();
+        let s = steps(&names, oss);
+        assert_eq!(s.len(), steps(&names, ES8).len() - 1);
+        assert!(s.iter().all(|s| s.kind != Kind::IlmPolicy));
+        assert!(s.iter().all(|s| !s.body.to_string().contains("lifecycle")));
     }
 
     #[test]
