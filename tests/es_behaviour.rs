@@ -922,6 +922,8 @@ impl Fake {
                     es(404, fixture("get_index_missing.json"))
                 }
             }
+            // As a default-distribution Elasticsearch answers: ILM is there.
+            ("GET", ["_ilm", "status"]) => es(200, json!({"operation_mode": "RUNNING"})),
             ("GET", ["_scripts" | "_ilm" | "_component_template" | "_index_template", ..]) => {
                 es(404, json!({}))
             }
