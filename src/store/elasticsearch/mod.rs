@@ -4,7 +4,8 @@
 //!
 //! Files by role, as in vector's Elasticsearch sink: [`config`] (flags and
 //! validated settings), [`client`] (one HTTP call, errors split by whether
-//! the request can have reached the cluster), [`setup`] and [`templates`]
+//! the request can have reached the cluster) over [`pool`] (the nodes:
+//! round-robin, dead ones set aside, sniffing), [`setup`] and [`templates`]
 //! (what is installed), [`indices`] (monthly bucket indices created ahead,
 //! expired ones deleted where there is no ILM), [`writes`] (a flush as `_bulk`, retries, overflow,
 //! deletes) with [`request`] (write bodies, pure) and [`response`]
