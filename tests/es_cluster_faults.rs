@@ -138,7 +138,11 @@ impl Cluster {
             .env("OPENSEARCH_SEED_HOSTS", &self.seeds)
             .env("OPENSEARCH_INITIAL_MANAGERS", &self.managers)
             .env("OPENSEARCH_JAVA_OPTS", "-Xms512m -Xmx512m")
-            .env("OPENSEARCH_START_TIMEOUT", "480")
+            // A slow machine may set more; on an idle one a member starts in well under a minute.
+            .env(
+                "OPENSEARCH_START_TIMEOUT",
+                std::env::var("OPENSEARCH_START_TIMEOUT").unwrap_or_else(|_| "480".into()),
+            )
             .output()
             .unwrap_or_else(|e| panic!("run scripts/opensearch.sh: {e}"));
         let stdout = String::from_utf8_lossy(&out.stdout);
