@@ -5,8 +5,12 @@
 #   scripts/opensearch.sh build                      resolve jars + compile (fast when up to date)
 #   scripts/opensearch.sh start [--pidfile F] [--parent-pid PID] [--watch-stdin]
 #                                                    start in background; prints OPENSEARCH_URL=, OPENSEARCH_PID=, OPENSEARCH_LOG=
-#   scripts/opensearch.sh stop [--pidfile F]         SIGTERM, SIGKILL after a grace period, wait
-#   scripts/opensearch.sh run [--] CMD...            start, run CMD with ELASTICSEARCH_URL/OPENSEARCH_URL, always stop,
+#   scripts/opensearch.sh stop [--pidfile F] [--drain]
+#                                                    SIGTERM, SIGKILL after a grace period, wait; --drain first moves
+#                                                    the node's shards away (allocation exclude) and waits for that
+#   scripts/opensearch.sh run [--nodes N] [--] CMD... start (N nodes: a cluster on loopback, all started at once), run
+#                                                    CMD with ELASTICSEARCH_URL/OPENSEARCH_URL (the first node) and
+#                                                    OPENSEARCH_URLS (every node, comma-separated), always stop,
 #                                                    exit with CMD's status
 #
 # Exit codes: 3 = unavailable here (no java/mvn, Maven cannot resolve/build); stderr has one line
@@ -15,7 +19,9 @@
 # Environment: OPENSEARCH_PORT (fixed HTTP port), OPENSEARCH_TRANSPORT_PORT, OPENSEARCH_DATA_DIR (kept
 # across runs; default is a fresh temp dir removed on exit), OPENSEARCH_JAVA_OPTS (default -Xms1g -Xmx1g),
 # OPENSEARCH_LOG_LEVEL (default WARN), OPENSEARCH_START_TIMEOUT (s, default 180),
-# OPENSEARCH_STOP_GRACE (s, default 30), JAVA_HOME.
+# OPENSEARCH_STOP_GRACE (s, default 30), OPENSEARCH_DRAIN_TIMEOUT (s, default 120), JAVA_HOME.
+# A cluster member (start): OPENSEARCH_NODE_NAME, OPENSEARCH_SEED_HOSTS (host:transport_port,...) and
+# OPENSEARCH_INITIAL_MANAGERS (node names); it prints its URL once the cluster is yellow.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/opensearch"
@@ -137,6 +143,11 @@ cmd_start() {
     sleep 0.2
   done
   echo "$url" > "$pidfile.url"
+  local name="${OPENSEARCH_NODE_NAME:-}"
+  if [[ -n "${OPENSEARCH_SEED_HOSTS:-}" && -n "$name" ]]; then
+    echo "$name" > "$pidfile.name"
+    include_again "$url" "$name"
+  fi
   echo "OPENSEARCH_URL=$url"
   echo "OPENSEARCH_PID=$pid"
   echo "OPENSEARCH_LOG=$log"
@@ -163,20 +174,111 @@ stop_pid() {
   die "stop: pid $pid did not exit" 1
 }
 
+# a node restarted after a drain takes shards again (the exclusion names it until cleared)
+include_again() {
+  local url="$1" name="$2" excluded
+  excluded="$(curl -sf "$url/_cluster/settings?flat_settings=true" | jq -r '.transient["cluster.routing.allocation.exclude._name"] // ""')" || return 0
+  [[ "$excluded" == "$name" ]] || return 0
+  curl -sf -XPUT -H 'content-type: application/json' "$url/_cluster/settings" \
+    -d '{"transient":{"cluster.routing.allocation.exclude._name":null}}' >/dev/null \
+    || echo "opensearch: could not clear the allocation exclusion of $name" >&2
+}
+
+# move every shard off the node (allocation exclude by name), wait until it holds none
+drain() {
+  local pidfile="$1" url name timeout="${OPENSEARCH_DRAIN_TIMEOUT:-120}" t0=$SECONDS left
+  url="$(cat "$pidfile.url" 2>/dev/null)" || die "stop --drain: no $pidfile.url" 1
+  name="$(cat "$pidfile.name" 2>/dev/null)" || die "stop --drain: not a cluster member (no $pidfile.name)" 1
+  command -v curl >/dev/null && command -v jq >/dev/null || die "stop --drain needs curl and jq" 1
+  curl -sf -XPUT -H 'content-type: application/json' "$url/_cluster/settings" \
+    -d "{\"transient\":{\"cluster.routing.allocation.exclude._name\":\"$name\"}}" >/dev/null \
+    || die "stop --drain: $url refused the allocation exclusion" 1
+  while :; do
+    left="$(curl -sf "$url/_cat/shards?format=json&h=node" | jq --arg n "$name" '[.[] | select(.node == $n)] | length')" || left="?"
+    [[ "$left" == 0 ]] && break
+    (( SECONDS - t0 >= timeout )) && die "stop --drain: $name still holds $left shards after ${timeout}s" 1
+    sleep 0.5
+  done
+  echo "opensearch: $name drained in $((SECONDS - t0))s" >&2
+}
+
 cmd_stop() {
-  local pidfile="$TARGET/opensearch.pid"
+  local pidfile="$TARGET/opensearch.pid" drain=0
   while [[ $# -gt 0 ]]; do
     case "$1" in
       --pidfile) pidfile="$2"; shift 2 ;;
+      --drain) drain=1; shift ;;
       *) die "stop: unknown option $1" 2 ;;
     esac
   done
   [[ -f "$pidfile" ]] || { echo "opensearch: stop: no pidfile $pidfile" >&2; return 0; }
+  [[ $drain == 1 ]] && is_node "$(cat "$pidfile")" && drain "$pidfile"
   stop_pid "$(cat "$pidfile")"
-  rm -f "$pidfile" "$pidfile.url"
+  rm -f "$pidfile" "$pidfile.url" "$pidfile.name"
+}
+
+# a loopback port nothing listens on (nothing answers a connect)
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 30000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+}
+
+# start N cluster members at once (each waits for the others); pidfiles BASE.1 .. BASE.N
+start_cluster() {
+  local n="$1" base="$2" i seeds="" managers="" pids=() rc=0
+  local -a http transport
+  cmd_build || return $?
+  for ((i = 1; i <= n; i++)); do
+    http[i]="$(free_port)"; transport[i]="$(free_port)"
+    seeds+="${seeds:+,}127.0.0.1:${transport[i]}"; managers+="${managers:+,}node-$i"
+  done
+  for ((i = 1; i <= n; i++)); do
+    OPENSEARCH_PORT="${http[i]}" OPENSEARCH_TRANSPORT_PORT="${transport[i]}" OPENSEARCH_NODE_NAME="node-$i" \
+      OPENSEARCH_SEED_HOSTS="$seeds" OPENSEARCH_INITIAL_MANAGERS="$managers" \
+      OPENSEARCH_JAVA_OPTS="${OPENSEARCH_JAVA_OPTS:--Xms512m -Xmx512m}" \
+      cmd_start --pidfile "$base.$i" --parent-pid $$ > "$base.$i.start" &
+    pids[i]=$!
+  done
+  for ((i = 1; i <= n; i++)); do wait "${pids[i]}" || rc=$?; done
+  return "$rc"
+}
+
+cmd_run_cluster() {
+  local n="$1"; shift
+  mkdir -p "$TARGET/runs"
+  RUN_PIDFILE="$(mktemp "$TARGET/runs/run.XXXXXX")"; rm -f "$RUN_PIDFILE"
+  RUN_CHILD=""; RUN_NODES="$n"
+  trap 'for ((j = 1; j <= RUN_NODES; j++)); do [[ -f "$RUN_PIDFILE.$j" ]] && cmd_stop --pidfile "$RUN_PIDFILE.$j"; done' EXIT
+  trap 'on_signal 130 INT' INT
+  trap 'on_signal 143 TERM' TERM
+  local rc=0 i urls=""
+  start_cluster "$n" "$RUN_PIDFILE" || rc=$?
+  for ((i = 1; i <= n; i++)); do
+    cat "$RUN_PIDFILE.$i.start" >&2 2>/dev/null || true
+    urls+="${urls:+,}$(sed -n 's/^OPENSEARCH_URL=//p' "$RUN_PIDFILE.$i.start" 2>/dev/null)"
+    rm -f "$RUN_PIDFILE.$i.start"
+  done
+  (( rc == 0 )) || exit "$rc"
+  OPENSEARCH_URL="${urls%%,*}"
+  export OPENSEARCH_URL ELASTICSEARCH_URL="$OPENSEARCH_URL" OPENSEARCH_URLS="$urls"
+  if [[ -e /dev/fd/0 ]]; then "$@" 0<&0 & else "$@" 0<&- & fi
+  RUN_CHILD=$!
+  wait "$RUN_CHILD" || rc=$?
+  RUN_CHILD=""
+  exit "$rc"
 }
 
 cmd_run() {
+  if [[ "${1:-}" == "--nodes" ]]; then
+    local n="${2:-}"; shift 2 || die "run: --nodes needs a number" 2
+    [[ "$n" =~ ^[1-9]$ ]] || die "run: --nodes takes 1 to 9, got $n" 2
+    [[ "${1:-}" == "--" ]] && shift
+    [[ $# -gt 0 ]] || die "run: missing command" 2
+    if (( n > 1 )); then cmd_run_cluster "$n" "$@"; fi
+  fi
   [[ "${1:-}" == "--" ]] && shift
   [[ $# -gt 0 ]] || die "run: missing command" 2
   mkdir -p "$TARGET/runs"
@@ -216,5 +318,5 @@ case "${1:-}" in
   start) shift; cmd_start "$@" ;;
   stop) shift; cmd_stop "$@" ;;
   run) shift; cmd_run "$@" ;;
-  *) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

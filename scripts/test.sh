@@ -118,6 +118,40 @@ fi
 # (Multi-node stages go here, after the single-node engines, each through
 # engine_stage with its own launcher and suites.)
 
+echo "== three-node cluster (tests/es_real.rs on a cluster, tests/es_cluster_faults.rs)"
+# A real three-node OpenSearch 2.19 cluster (three JVMs on loopback,
+# scripts/opensearch.sh run --nodes 3): the real-engine suite again on it
+# (its passes count again, as the date-dependent runs do), then the fault
+# suite, which starts, kills, drains and restarts a cluster of its own.
+# Wall time is printed; it must stay under 10 minutes. Without java and
+# mvn both are reported as skipped, never as passed.
+cluster_t0=$SECONDS
+cluster_log=$(mktemp)
+if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
+  echo "three-node cluster: SKIPPED, not run: needs java and mvn for its nodes; its tests are counted as skipped"
+else
+  cluster_status=0
+  RUST_LOG="${RUST_LOG:-warn}" scripts/opensearch.sh run --nodes 3 -- cargo test --locked --test es_real -- --ignored 2>&1 | tee "$cluster_log" || cluster_status=$?
+  RUST_LOG="${RUST_LOG:-warn}" cargo test --locked --test es_cluster_faults -- --ignored --nocapture 2>&1 | tee -a "$cluster_log" || cluster_status=$?
+  c_passed=$(count "$cluster_log" "passed;"); c_failed=$(count "$cluster_log" "failed;")
+  if grep -q '^opensearch: unavailable:' "$cluster_log"; then
+    echo "three-node cluster: SKIPPED, not run: $(grep -m1 '^opensearch: unavailable:' "$cluster_log" | cut -d: -f3-); its tests are counted as skipped"
+  elif [ "$cluster_status" -ne 0 ] && [ "$c_failed" -eq 0 ]; then
+    echo "three-node cluster suites FAILED to run (exit $cluster_status)"
+    failed=$((failed + 1))
+  else
+    # es_cluster_faults' one test moves from skipped; es_real's ran before.
+    passed=$((passed + c_passed)); failed=$((failed + c_failed))
+    ignored=$((ignored - 1))
+  fi
+fi
+rm -f "$cluster_log"
+echo "three-node cluster stage: $((SECONDS - cluster_t0)) s wall time (limit 600)"
+if [ $((SECONDS - cluster_t0)) -ge 600 ]; then
+  echo "three-node cluster stage FAILED: over its 10 minutes"
+  failed=$((failed + 1))
+fi
+
 echo "== browser suite (tests/dashboard.rs in headless Chromium)"
 # The dashboard rendered by a real browser: Debian's chromium, installed here
 # when missing and possible; without it the suite is reported as skipped.

@@ -675,7 +675,7 @@ mod tests {
             panic!("not an export")
         };
         assert_eq!((a.tenant.as_str(), a.output), ("default", None));
-        assert_eq!(a.store.elasticsearch.url, None);
+        assert!(a.store.elasticsearch.url.is_empty());
         let cli = Cli::try_parse_from([
             "counter-gateway",
             "migrate",

@@ -329,6 +329,27 @@ impl Metrics {
             "Idempotency ids the embedded store keeps (counted every few seconds; expired ones are deleted in the background).",
             idempotency_ids as f64,
         );
+        {
+            use crate::store::elasticsearch::pool;
+            put(
+                "counter_gateway_elasticsearch_nodes",
+                "gauge",
+                "Elasticsearch nodes requests can go to (the URLs given and those sniffed); 0 on the embedded store.",
+                pool::NODES.load(Relaxed) as f64,
+            );
+            put(
+                "counter_gateway_elasticsearch_nodes_dead",
+                "gauge",
+                "Elasticsearch nodes set aside because their connection failed, not heard from since (each is tried again after a pause growing from 1 s to 30 s).",
+                pool::DEAD_NODES.load(Relaxed) as f64,
+            );
+            put(
+                "counter_gateway_elasticsearch_node_failures_total",
+                "counter",
+                "Times an Elasticsearch node was set aside because its connection failed.",
+                pool::NODE_FAILURES.load(Relaxed) as f64,
+            );
+        }
         let (incs, writes) = (
             self.flushed_increments.load(Relaxed),
             self.store_writes.load(Relaxed),

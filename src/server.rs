@@ -37,13 +37,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     {
         Some(es) => {
             es.check_script_loops(args.max_events_per_request)?;
-            let (url, prefix) = (es.url.clone(), es.names.prefix().to_string());
+            let (url, prefix) = (es.urls.join(","), es.names.prefix().to_string());
             // Templates and scripts are installed once, for every tenant.
             let store =
                 ElasticsearchStore::open(es, clock.clone(), !args.store.elasticsearch.skip_setup)
                     .await
                     .map_err(|e| e.to_string())?;
-            tracing::info!(%url, index_prefix = %prefix, "elasticsearch store open");
+            tracing::info!(%url, nodes = ?store.node_urls(), index_prefix = %prefix, "elasticsearch store open");
             // A secret made here would differ per gateway, and every one
             // sharing the cluster must mark an actor the same way.
             match &configured_secret {

@@ -515,7 +515,7 @@ pub async fn run_with(
     clock: Clock,
 ) -> Result<Migrated, String> {
     args.validate()?;
-    if args.elasticsearch.url.is_none() {
+    if args.elasticsearch.url.is_empty() {
         return Err("migrate needs --elasticsearch-url (or COUNTER_GATEWAY_ELASTICSEARCH_URL): the cluster to copy into".into());
     }
     crate::store::sqlite::set_memory_budget(args.sqlite_memory_budget);

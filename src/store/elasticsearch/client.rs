@@ -1,5 +1,6 @@
-//! Talking to the cluster: one HTTP call with its failure split by whether
-//! the request can have reached the cluster, searches that read missing
+//! Talking to the cluster: one HTTP call (to a node the [`super::pool`]
+//! picks) with its failure split by whether the request can have reached
+//! the cluster, searches that read missing
 //! indices as empty, and the mapping of answers to [`StoreError`].
 
 use elasticsearch::http::headers::{HeaderMap, HeaderValue, CONTENT_TYPE};
@@ -43,11 +44,11 @@ impl ElasticsearchStore {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
         }
         let query = if query.is_empty() { None } else { Some(query) };
+        self.maybe_sniff();
         let res = self
-            .client
-            .send(method, path, headers, query, body, None)
-            .await
-            .map_err(transport_error)?;
+            .pool
+            .send(method, path, headers, query, body.as_deref(), None)
+            .await?;
         let status = res.status_code().as_u16();
         let bytes = res.bytes().await.map_err(|e| TransportError {
             not_sent: false,
@@ -57,6 +58,20 @@ impl ElasticsearchStore {
             status,
             serde_json::from_slice(&bytes).unwrap_or(Value::Null),
         ))
+    }
+
+    /// Starts a sniff of the cluster's nodes in the background when one is
+    /// due (`--elasticsearch-sniff`); requests meanwhile use the nodes known.
+    pub(super) fn maybe_sniff(&self) {
+        if self.pool.take_sniff_due(std::time::Instant::now()) {
+            let pool = self.pool.clone();
+            tokio::spawn(async move {
+                match pool.sniff().await {
+                    Ok(n) => tracing::debug!(nodes = n, "elasticsearch nodes sniffed"),
+                    Err(e) => tracing::warn!("{e}; keeping the nodes known"),
+                }
+            });
+        }
     }
 
     /// A `_search` of `path`; missing indices read as empty, so a tenant

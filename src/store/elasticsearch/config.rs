@@ -16,9 +16,24 @@ use super::retry::Backoff;
 #[derive(Clone, clap::Args)]
 pub struct ElasticsearchArgs {
     /// Elasticsearch URL (e.g. http://localhost:9200). When given, counters are
-    /// stored in Elasticsearch instead of the embedded store.
-    #[arg(long = "elasticsearch-url", env = "COUNTER_GATEWAY_ELASTICSEARCH_URL")]
-    pub url: Option<String>,
+    /// stored in Elasticsearch instead of the embedded store. Several nodes:
+    /// repeat the flag or separate URLs with commas; requests take turns over
+    /// the nodes that answer, and one whose connection fails is set aside.
+    #[arg(
+        long = "elasticsearch-url",
+        env = "COUNTER_GATEWAY_ELASTICSEARCH_URL",
+        value_delimiter = ','
+    )]
+    pub url: Vec<String>,
+
+    /// Also use the cluster's other nodes: ask it for them (`GET _nodes/http`,
+    /// each node's published HTTP address) at start, every 5 minutes and
+    /// soon after a node fails. The URLs given are always kept.
+    #[arg(
+        long = "elasticsearch-sniff",
+        env = "COUNTER_GATEWAY_ELASTICSEARCH_SNIFF"
+    )]
+    pub sniff: bool,
 
     /// User name for basic authentication.
     #[arg(
@@ -73,6 +88,7 @@ impl fmt::Debug for ElasticsearchArgs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ElasticsearchArgs")
             .field("url", &self.url)
+            .field("sniff", &self.sniff)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
@@ -184,7 +200,10 @@ impl CaCert {
 /// Everything the Elasticsearch store needs, validated.
 #[derive(Clone, Debug)]
 pub struct EsConfig {
-    pub url: String,
+    /// The nodes' URLs, credentials taken out; at least one.
+    pub urls: Vec<String>,
+    /// Ask the cluster for its nodes (`--elasticsearch-sniff`).
+    pub sniff: bool,
     pub auth: Option<Auth>,
     /// A private CA to trust (`--elasticsearch-ca-cert`).
     pub ca_cert: Option<CaCert>,
@@ -201,34 +220,74 @@ pub struct EsConfig {
     pub max_ids_per_doc: u32,
 }
 
+/// One node's URL, checked, and the credentials written into it, taken out.
+fn parse_url(url: &str) -> Result<(String, Option<Auth>), String> {
+    let mut parsed = url
+        .parse::<elasticsearch::http::Url>()
+        .map_err(|_| format!("--elasticsearch-url {url:?} is not a URL"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!(
+            "--elasticsearch-url must start with http:// or https://, got {}://",
+            parsed.scheme()
+        ));
+    }
+    if parsed.host().is_none() {
+        return Err(format!("--elasticsearch-url {url:?} names no host"));
+    }
+    let auth = match (parsed.username(), parsed.password()) {
+        ("", None) => None,
+        (user, password) => Some(Auth::Basic {
+            username: user.to_string(),
+            password: password.unwrap_or("").to_string(),
+        }),
+    };
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    Ok((parsed.to_string(), auth))
+}
+
 /// The tenant every index belongs to until tenants come.
 pub const DEFAULT_TENANT: &str = "default";
 
 impl EsConfig {
-    /// A configuration with the defaults, for `url` and `prefix`.
-    pub fn new(url: &str, prefix: &str, tenant: &str) -> Result<Self, String> {
-        let mut parsed = url
-            .parse::<elasticsearch::http::Url>()
-            .map_err(|_| "--elasticsearch-url is not a URL".to_string())?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(format!(
-                "--elasticsearch-url must start with http:// or https://, got {}://",
-                parsed.scheme()
-            ));
+    /// A configuration with the defaults, for `urls` (one or more, separated
+    /// by commas) and `prefix`.
+    pub fn new(urls: &str, prefix: &str, tenant: &str) -> Result<Self, String> {
+        let list: Vec<&str> = urls.split(',').collect();
+        Self::with_urls(&list, prefix, tenant)
+    }
+
+    /// A configuration with the defaults, for the nodes `urls`.
+    pub fn with_urls(urls: &[&str], prefix: &str, tenant: &str) -> Result<Self, String> {
+        let mut parsed = Vec::with_capacity(urls.len());
+        let mut auth = None;
+        for url in urls.iter().map(|u| u.trim()) {
+            if url.is_empty() {
+                return Err("--elasticsearch-url: an empty URL in the list".into());
+            }
+            let (u, a) = parse_url(url)?;
+            // Credentials written into a URL become basic auth (the same
+            // for every node: they are the cluster's), so the URLs can be logged.
+            match (&auth, a) {
+                (_, None) => {}
+                (None, Some(a)) => auth = Some(a),
+                (Some(Auth::Basic { username: u0, password: p0 }), Some(Auth::Basic { username, password }))
+                    if *u0 == username && *p0 == password => {}
+                _ => {
+                    return Err(
+                        "--elasticsearch-url: the URLs carry different credentials; give them once with --elasticsearch-username/--elasticsearch-password"
+                            .into(),
+                    )
+                }
+            }
+            parsed.push(u);
         }
-        // Credentials written into the URL become basic auth, so the URL
-        // itself can be logged.
-        let auth = match (parsed.username(), parsed.password()) {
-            ("", None) => None,
-            (user, password) => Some(Auth::Basic {
-                username: user.to_string(),
-                password: password.unwrap_or("").to_string(),
-            }),
-        };
-        let _ = parsed.set_username("");
-        let _ = parsed.set_password(None);
+        if parsed.is_empty() {
+            return Err("--elasticsearch-url: no URL".into());
+        }
         Ok(EsConfig {
-            url: parsed.to_string(),
+            urls: parsed,
+            sniff: false,
             auth,
             ca_cert: None,
             names: IndexNames::new(prefix, tenant).map_err(|e| format!("--index-prefix: {e}"))?,
@@ -308,10 +367,12 @@ impl EsConfig {
 impl ElasticsearchArgs {
     /// The store configuration, or `None` when no URL selects Elasticsearch.
     pub fn to_config(&self, id_window: Duration) -> Result<Option<EsConfig>, String> {
-        let Some(url) = &self.url else {
+        if self.url.is_empty() {
             return Ok(None);
-        };
-        let mut c = EsConfig::new(url, &self.index_prefix, DEFAULT_TENANT)?;
+        }
+        let urls: Vec<&str> = self.url.iter().map(String::as_str).collect();
+        let mut c = EsConfig::with_urls(&urls, &self.index_prefix, DEFAULT_TENANT)?;
+        c.sniff = self.sniff;
         c.id_window = id_window;
         c.ca_cert = self.ca_cert.as_deref().map(CaCert::read).transpose()?;
         let from_url = c.auth.take();
@@ -340,7 +401,8 @@ mod tests {
     #[test]
     fn secrets_are_not_in_debug_output() {
         let a = ElasticsearchArgs {
-            url: Some("http://localhost:9200".into()),
+            url: vec!["http://localhost:9200".into()],
+            sniff: false,
             username: Some("elastic".into()),
             password: Some("hunter2".into()),
             api_key: None,
@@ -357,7 +419,7 @@ mod tests {
     #[test]
     fn credentials_in_the_url_become_basic_auth() {
         let c = EsConfig::new("https://elastic:hunter2@es.example:9200", "cg", "default").unwrap();
-        assert_eq!(c.url, "https://es.example:9200/");
+        assert_eq!(c.urls, ["https://es.example:9200/"]);
         assert!(
             matches!(c.auth, Some(Auth::Basic { ref username, ref password }) if username == "elastic" && password == "hunter2")
         );
@@ -366,7 +428,8 @@ mod tests {
 
     fn with_ca(path: &Path) -> Result<Option<EsConfig>, String> {
         ElasticsearchArgs {
-            url: Some("https://localhost:9200".into()),
+            url: vec!["https://localhost:9200".into()],
+            sniff: false,
             username: None,
             password: None,
             api_key: None,
@@ -437,6 +500,55 @@ mod tests {
                 "client {client} s"
             );
         }
+    }
+
+    #[test]
+    fn several_urls_repeated_or_comma_separated() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            es: ElasticsearchArgs,
+        }
+        let urls = |args: &[&str]| {
+            let cli =
+                Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap();
+            cli.es
+                .to_config(Duration::from_secs(1))
+                .map(|c| c.map(|c| (c.urls, c.sniff)))
+        };
+        let three = vec![
+            "http://a:9200/".to_string(),
+            "http://b:9200/".to_string(),
+            "http://c:9200/".to_string(),
+        ];
+        assert_eq!(
+            urls(&[
+                "--elasticsearch-url",
+                "http://a:9200,http://b:9200",
+                "--elasticsearch-url",
+                "http://c:9200"
+            ]),
+            Ok(Some((three.clone(), false)))
+        );
+        assert_eq!(
+            urls(&[
+                "--elasticsearch-url",
+                "http://a:9200, http://b:9200 ,http://c:9200",
+                "--elasticsearch-sniff"
+            ]),
+            Ok(Some((three, true)))
+        );
+        assert_eq!(urls(&[]), Ok(None));
+        let e = urls(&["--elasticsearch-url", "http://a:9200,,http://b:9200"]).unwrap_err();
+        assert!(e.contains("empty URL"), "{e}");
+        let e = urls(&["--elasticsearch-url", "http://a:9200,b:9200"]).unwrap_err();
+        assert!(e.contains("--elasticsearch-url"), "{e}");
+        let c = EsConfig::new("http://u:p@a:1,http://b:2", "cg", "default").unwrap();
+        assert!(matches!(c.auth, Some(Auth::Basic { ref username, .. }) if username == "u"));
+        assert_eq!(c.urls, ["http://a:1/", "http://b:2/"]);
+        let e = EsConfig::new("http://u:p@a:1,http://v:q@b:2", "cg", "default").unwrap_err();
+        assert!(e.contains("different credentials"), "{e}");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! Files by role, as in vector's Elasticsearch sink: [`config`] (flags and
 //! validated settings), [`client`] (one HTTP call, errors split by whether
-//! the request can have reached the cluster), [`setup`] and [`templates`]
+//! the request can have reached the cluster) over [`pool`] (the nodes:
+//! round-robin, dead ones set aside, sniffing), [`setup`] and [`templates`]
 //! (what is installed), [`indices`] (monthly bucket indices created ahead,
 //! expired ones deleted where there is no ILM), [`writes`] (a flush as `_bulk`, retries, overflow,
 //! deletes) with [`request`] (write bodies, pure) and [`response`]
@@ -63,6 +64,7 @@ pub mod config;
 pub mod indices;
 mod mark_transfer;
 mod marks;
+pub mod pool;
 pub mod query;
 mod reads;
 pub mod request;
@@ -73,13 +75,12 @@ pub mod templates;
 mod transfer;
 mod writes;
 
-use async_trait::async_trait;
-use elasticsearch::auth::Credentials;
-use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
-use elasticsearch::http::Url;
-use elasticsearch::Elasticsearch;
+use std::sync::Arc;
 
-use self::config::{Auth, EsConfig};
+use async_trait::async_trait;
+
+use self::config::EsConfig;
+use self::pool::NodePool;
 use self::retry::Jitter;
 use super::{
     ActorMark, Average, AverageHistory, BatchOutcome, Bucket, CounterHistory, DaysOutcome,
@@ -95,7 +96,8 @@ pub use self::writes::MAX_BULK_ITEMS;
 
 /// The Elasticsearch implementation of [`Store`].
 pub struct ElasticsearchStore {
-    client: Elasticsearch,
+    /// The cluster's nodes, shared by every tenant's store.
+    pool: Arc<NodePool>,
     config: EsConfig,
     clock: Clock,
     jitter: Jitter,
@@ -116,25 +118,10 @@ impl ElasticsearchStore {
     /// Builds the client; no I/O. `clock` gives the time idempotency ids are
     /// remembered from.
     pub fn new(config: EsConfig, clock: Clock) -> Result<Self, StoreError> {
-        let url = Url::parse(&config.url)
-            .map_err(|e| StoreError::Internal(format!("bad Elasticsearch URL: {e}")))?;
-        let mut builder = TransportBuilder::new(SingleNodeConnectionPool::new(url))
-            .timeout(config.request_timeout);
-        builder = match &config.auth {
-            Some(Auth::Basic { username, password }) => {
-                builder.auth(Credentials::Basic(username.clone(), password.clone()))
-            }
-            Some(Auth::ApiKey(key)) => builder.auth(Credentials::EncodedApiKey(key.clone())),
-            None => builder,
-        };
-        if let Some(ca) = &config.ca_cert {
-            builder = builder.cert_validation(ca.validation().map_err(StoreError::Internal)?);
-        }
-        let transport = builder.build().map_err(|e| {
-            StoreError::Internal(format!("cannot build the Elasticsearch client: {e}"))
-        })?;
+        let pool =
+            NodePool::new(&config, std::time::Instant::now()).map_err(StoreError::Internal)?;
         Ok(ElasticsearchStore {
-            client: Elasticsearch::new(transport),
+            pool: Arc::new(pool),
             config,
             clock,
             jitter: Jitter::from_clock(),
@@ -149,6 +136,16 @@ impl ElasticsearchStore {
     /// Builds the client and, when asked, installs templates and scripts.
     pub async fn open(config: EsConfig, clock: Clock, run_setup: bool) -> Result<Self, StoreError> {
         let store = ElasticsearchStore::new(config, clock)?;
+        // Sniffed first, so that setup already spreads over the nodes; a
+        // failed sniff leaves the URLs given, which may be all there is.
+        if store.pool.take_sniff_due(std::time::Instant::now()) {
+            match store.pool.sniff().await {
+                Ok(n) => {
+                    tracing::info!(nodes = n, urls = ?store.pool.urls(), "elasticsearch nodes sniffed")
+                }
+                Err(e) => tracing::warn!("{e}; using the URLs given"),
+            }
+        }
         if run_setup {
             let report = store.setup().await?;
             tracing::info!(
@@ -166,6 +163,11 @@ impl ElasticsearchStore {
         &self.config
     }
 
+    /// The nodes requests go to (the URLs given, and those sniffed).
+    pub fn node_urls(&self) -> Vec<String> {
+        self.pool.urls()
+    }
+
     /// The same cluster, client (and its connections) and settings, over
     /// `tenant`'s indices; no I/O. Templates and scripts are per prefix, so
     /// one setup serves every tenant.
@@ -174,7 +176,7 @@ impl ElasticsearchStore {
         config.names = request::IndexNames::new(config.names.prefix(), tenant)
             .map_err(StoreError::Internal)?;
         Ok(ElasticsearchStore {
-            client: self.client.clone(),
+            pool: self.pool.clone(),
             config,
             clock: self.clock.clone(),
             jitter: Jitter::from_clock(),

@@ -56,8 +56,8 @@ impl ElasticsearchStore {
 
     pub(super) async fn check_ready(&self) -> Result<(), StoreError> {
         let res = self
-            .client
-            .send::<(), ()>(
+            .pool
+            .send(
                 Method::Get,
                 "/",
                 HeaderMap::new(),
@@ -66,7 +66,9 @@ impl ElasticsearchStore {
                 Some(Duration::from_secs(2)),
             )
             .await
-            .map_err(|e| StoreError::Unavailable(format!("elasticsearch unreachable: {e}")))?;
+            .map_err(|e| {
+                StoreError::Unavailable(format!("elasticsearch unreachable: {}", e.message))
+            })?;
         let status = res.status_code().as_u16();
         if (200..300).contains(&status) {
             Ok(())

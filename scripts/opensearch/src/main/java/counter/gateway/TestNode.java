@@ -57,7 +57,14 @@ import org.opensearch.transport.Netty4Plugin;
  *   <li>{@code --parent-pid N} / {@code OPENSEARCH_PARENT_PID=N}: exit when process N exits</li>
  *   <li>{@code OPENSEARCH_LOG_LEVEL} root log level (default: WARN)</li>
  *   <li>{@code OPENSEARCH_CLUSTER_NAME} (default: counter-gateway-test)</li>
+ *   <li>{@code OPENSEARCH_NODE_NAME} (default: node-0)</li>
+ *   <li>{@code OPENSEARCH_SEED_HOSTS} comma-separated {@code host:transport_port} of the other
+ *       nodes: a cluster member instead of a single node (with {@code OPENSEARCH_INITIAL_MANAGERS},
+ *       the node names that elect the first cluster manager; every member names the same ones)</li>
  * </ul>
+ *
+ * <p>A cluster member prints its URL once the cluster it joined is yellow: start all members at
+ * once, or the first waits for the others.</p>
  */
 public final class TestNode {
 
@@ -124,13 +131,29 @@ public final class TestNode {
             );
         }
 
-        Settings settings = Settings.builder()
+        final String nodeName = env("OPENSEARCH_NODE_NAME", "node-0");
+        final String seeds = env("OPENSEARCH_SEED_HOSTS", "");
+        Settings.Builder builder = Settings.builder()
             .put("cluster.name", env("OPENSEARCH_CLUSTER_NAME", "counter-gateway-test"))
-            .put("node.name", "node-0")
+            .put("node.name", nodeName)
             .put("path.home", home.toString())
             .put("path.data", home.resolve("data").toString())
-            .put("path.logs", home.resolve("logs").toString())
-            .put("discovery.type", "single-node")
+            .put("path.logs", home.resolve("logs").toString());
+        if (seeds.isEmpty()) {
+            builder.put("discovery.type", "single-node");
+        } else {
+            builder.putList("discovery.seed_hosts", List.of(seeds.split(",")))
+                .putList("cluster.initial_cluster_manager_nodes",
+                    List.of(env("OPENSEARCH_INITIAL_MANAGERS", nodeName).split(",")))
+                // A lost node is noticed in seconds, not the default 30 s+ (tests kill nodes).
+                .put("cluster.fault_detection.follower_check.interval", "500ms")
+                .put("cluster.fault_detection.follower_check.timeout", "2s")
+                .put("cluster.fault_detection.follower_check.retry_count", 2)
+                .put("cluster.fault_detection.leader_check.interval", "500ms")
+                .put("cluster.fault_detection.leader_check.timeout", "2s")
+                .put("cluster.fault_detection.leader_check.retry_count", 2);
+        }
+        Settings settings = builder
             .put("network.host", "127.0.0.1")
             .put("http.port", env("OPENSEARCH_PORT", "0"))
             .put("transport.port", env("OPENSEARCH_TRANSPORT_PORT", "0"))
@@ -140,7 +163,7 @@ public final class TestNode {
 
         loadPainlessExtensions();
         long t0 = System.nanoTime();
-        Environment environment = InternalSettingsPreparer.prepareEnvironment(settings, java.util.Map.of(), null, () -> "node-0");
+        Environment environment = InternalSettingsPreparer.prepareEnvironment(settings, java.util.Map.of(), null, () -> nodeName);
         try {
             node = new ClasspathNode(environment, PLUGINS);
             node.start();
