@@ -421,6 +421,7 @@ async fn export_marked(
         from_day: rules.oldest_day(),
         marks: true,
         fingerprint,
+        tenant: "default".into(),
     };
     export::write(store, &mut out, &what, &indicatif::ProgressBar::hidden())
         .await
@@ -439,6 +440,7 @@ async fn import_into_cluster(
         secret: counter_gateway::transfer::secret::SecretCheck::Cluster {
             store: store.clone(),
             given: None,
+            key: None,
         },
         ..import::Options::default()
     };
@@ -511,7 +513,7 @@ async fn marks_round_trip_on_elasticsearch_as_on_the_embedded_store() {
     let foreign = format!(
         "{}{}{}",
         format::header_line(),
-        format::actor_secret_line(&other.fingerprint().unwrap()),
+        format::actor_secret_line(&other.fingerprint().unwrap(), Some("default")),
         format::mark_line(&counter_gateway::store::ActorMark {
             key: key.clone(),
             mark: other.mark(&key, "zoe").unwrap(),
@@ -539,7 +541,7 @@ async fn marks_round_trip_on_elasticsearch_as_on_the_embedded_store() {
     let text = format!(
         "{}{}{line}",
         format::header_line(),
-        format::actor_secret_line(&fp)
+        format::actor_secret_line(&fp, Some("default"))
     );
     import_into_cluster(&copy, &text).await.unwrap();
     let again = export_marked(&*copy, Some(fp.clone()), rules()).await;

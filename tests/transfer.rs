@@ -785,6 +785,7 @@ async fn export_marked(
         from_day: rules.oldest_day(),
         marks: true,
         fingerprint: fingerprint.map(str::to_string),
+        tenant: "default".into(),
     };
     export::write(store, &mut out, &what, &hidden())
         .await
@@ -796,6 +797,7 @@ fn into_dir(dir: &std::path::Path, given: Option<&str>) -> import::Options {
     import::Options {
         secret: counter_gateway::transfer::secret::SecretCheck::Embedded {
             data_dir: dir.to_path_buf(),
+            tenant: "default".into(),
             given: given.map(str::to_string),
         },
         ..import::Options::default()
@@ -826,7 +828,10 @@ async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
     let file = export_marked(&*app.state.store, Some(&fp), rules()).await;
     let all = lines(&file);
     assert_eq!(all[0]["version"], 2);
-    assert_eq!(all[1], json!({"kind": "actor_secret", "fingerprint": fp}));
+    assert_eq!(
+        all[1],
+        json!({"kind": "actor_secret", "fingerprint": fp, "keyed_for": "default"})
+    );
     let marks: Vec<&Value> = all.iter().filter(|r| r["kind"] == "mark").collect();
     // Likes that stand (carol's was taken back), then views by day.
     let scopes: Vec<(&str, &str, Option<&str>)> = marks
@@ -1003,7 +1008,7 @@ async fn a_file_of_marks_keyed_with_another_secret_is_refused_before_anything_is
     let file = format!(
         "{}{}{counter}{mark}",
         format::header_line(),
-        format::actor_secret_line(&their_fp)
+        format::actor_secret_line(&their_fp, Some("default"))
     );
     let (dir, store) = empty_store();
     let ours = "this store's own secret, not theirs";
@@ -1059,7 +1064,10 @@ async fn a_file_of_marks_keyed_with_another_secret_is_refused_before_anything_is
         .unwrap();
     assert_eq!(done.marks, 1);
     // A fingerprint after the marks it should name.
-    let late = format!("{bare}{}", format::actor_secret_line(&their_fp));
+    let late = format!(
+        "{bare}{}",
+        format::actor_secret_line(&their_fp, Some("default"))
+    );
     let e = import_text(&*store2, &late, &into_dir(dir2.path(), None))
         .await
         .unwrap_err();
@@ -1206,7 +1214,7 @@ fn the_commands_carry_marks_and_name_their_secret() {
     let want = format!(
         "{}{}{}",
         format::header_line(),
-        format::actor_secret_line(&fp),
+        format::actor_secret_line(&fp, Some("default")),
         &text[format::header_line().len()..]
     );
     assert_eq!(exported, want);
