@@ -1264,3 +1264,100 @@ fn the_commands_carry_marks_and_name_their_secret() {
     );
     assert!(!bare.join("actor-secret").exists());
 }
+
+/// Marks are keyed for their tenant: an export of an earlier version
+/// (its `actor_secret` record has no `keyed_for`, its marks the first
+/// keying) imported into a tenant is brought to that tenant's keying, also
+/// when the import resumes past the record, so that a gateway on it still
+/// counts the actor once; an export names its tenant, and marks keyed for
+/// one tenant are refused by an import into another.
+#[tokio::test]
+async fn an_export_from_before_marks_were_keyed_for_their_tenant_imports_after() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let secret = counter_gateway::actors::embedded_secret(dir.path()).unwrap();
+    let fp = secret.fingerprint().unwrap();
+    let key = CounterKey::new("ARTICLE", "like", "a1").unwrap();
+    let old_mark = secret.untenanted_mark(&key, "alice").unwrap();
+    let file = format!(
+        "{}{}{}{}",
+        format::header_line(),
+        format::actor_secret_line(&fp, None),
+        json!({"kind": "counter", "entity": "ARTICLE", "action": "like", "uuid": "a1", "value": 1}),
+        format!(
+            "\n{}",
+            format::mark_line(&counter_gateway::store::ActorMark {
+                key: key.clone(),
+                mark: old_mark,
+                day: None,
+                state: counter_gateway::store::MarkState::Counted,
+            })
+        )
+    );
+    let into = |tenant: &str, from_line: u64| import::Options {
+        secret: counter_gateway::transfer::secret::SecretCheck::Embedded {
+            data_dir: dir.path().to_path_buf(),
+            tenant: tenant.into(),
+            given: None,
+        },
+        from_line,
+        ..import::Options::default()
+    };
+    let acme_mark = secret.for_tenant("acme").mark(&key, "alice").unwrap();
+    {
+        // The whole file, and the file resumed at its mark: re-keyed both.
+        for from_line in [1, 4] {
+            let acme = open_store(&dir.path().join("tenants/acme"));
+            acme.key_marks(&secret.for_tenant("acme")).await.unwrap();
+            import_text(&acme, &file, &into("acme", from_line))
+                .await
+                .unwrap();
+            let marks = acme.mark_page(None, 10, 0).await.unwrap();
+            assert_eq!(
+                marks.iter().map(|m| m.mark).collect::<Vec<_>>(),
+                vec![acme_mark],
+                "from line {from_line}"
+            );
+        }
+    }
+    let app = TestApp::start_in_dir(dir.clone(), common::Options::default()).await;
+    let r = app
+        .send(
+            app.http
+                .post(app.url(&common::counter_path("ARTICLE", "like", "a1", "/increment")))
+                .header("x-tenant", "acme")
+                .json(&json!({"actor": "alice", "unique": "ever"})),
+        )
+        .await;
+    assert_eq!(
+        (&r.json["counted"], &r.json["value"]),
+        (&json!(false), &json!(1)),
+        "{}",
+        r.text
+    );
+    // The export of acme names its keying; another tenant refuses it.
+    let acme = app.tenants.reader("acme").await.unwrap();
+    let mut out = Vec::new();
+    let what = export::Export {
+        from_day: rules().oldest_day(),
+        marks: true,
+        fingerprint: Some(fp.clone()),
+        tenant: "acme".into(),
+    };
+    export::write(&*acme.store, &mut out, &what, &hidden())
+        .await
+        .unwrap();
+    let exported = String::from_utf8(out).unwrap();
+    assert_eq!(
+        lines(&exported)[1],
+        json!({"kind": "actor_secret", "fingerprint": fp, "keyed_for": "acme"})
+    );
+    let globex = open_store(&dir.path().join("tenants/globex"));
+    let e = import_text(&globex, &exported, &into("globex", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        e.starts_with("line 2: ") && e.contains("keyed for tenant acme"),
+        "{e}"
+    );
+    assert!(globex.get(&key).await.unwrap().is_none(), "nothing set");
+}
