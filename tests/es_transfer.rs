@@ -456,7 +456,8 @@ async fn import_into_cluster(
 
 /// Marks on the real node: what the embedded store exported, imported into
 /// Elasticsearch, exports as the same file (both list marks in one order),
-/// also when imported twice and copied to another tenant; the secret's
+/// also when imported twice and copied to another prefix (another tenant
+/// refuses marks keyed for this one); the secret's
 /// fingerprint is recorded, and a file of another secret is refused; a
 /// like being taken back (`retracting`) survives a round trip; a view past
 /// the retention is not exported.
@@ -489,8 +490,17 @@ async fn marks_round_trip_on_elasticsearch_as_on_the_embedded_store() {
     // Twice: the same state.
     import_into_cluster(&es, &file).await.unwrap();
     assert_eq!(export_marked(&*es, Some(fp.clone()), rules()).await, file);
-    // To another prefix and tenant, through a file of Elasticsearch's.
-    let copy = Arc::new(es_store(&url, &p2, "other").await);
+    // To another prefix, through a file of Elasticsearch's; not to another
+    // tenant, whose marks are keyed for it (they would never match there).
+    let elsewhere = es_store(&url, &p2, "other").await;
+    let e = import_into_cluster(
+        &Arc::new(elsewhere),
+        &export_marked(&*es, Some(fp.clone()), rules()).await,
+    )
+    .await
+    .unwrap_err();
+    assert!(e.contains("keyed for tenant default"), "{e}");
+    let copy = Arc::new(es_store(&url, &p2, "default").await);
     import_into_cluster(&copy, &export_marked(&*es, Some(fp.clone()), rules()).await)
         .await
         .unwrap();
