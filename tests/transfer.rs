@@ -1279,19 +1279,16 @@ async fn an_export_from_before_marks_were_keyed_for_their_tenant_imports_after()
     let key = CounterKey::new("ARTICLE", "like", "a1").unwrap();
     let old_mark = secret.untenanted_mark(&key, "alice").unwrap();
     let file = format!(
-        "{}{}{}{}",
+        "{}{}{}\n{}",
         format::header_line(),
         format::actor_secret_line(&fp, None),
         json!({"kind": "counter", "entity": "ARTICLE", "action": "like", "uuid": "a1", "value": 1}),
-        format!(
-            "\n{}",
-            format::mark_line(&counter_gateway::store::ActorMark {
-                key: key.clone(),
-                mark: old_mark,
-                day: None,
-                state: counter_gateway::store::MarkState::Counted,
-            })
-        )
+        format::mark_line(&counter_gateway::store::ActorMark {
+            key: key.clone(),
+            mark: old_mark,
+            day: None,
+            state: counter_gateway::store::MarkState::Counted,
+        })
     );
     let into = |tenant: &str, from_line: u64| import::Options {
         secret: counter_gateway::transfer::secret::SecretCheck::Embedded {

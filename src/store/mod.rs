@@ -220,6 +220,8 @@ pub trait Store: Send + Sync + 'static {
     /// once (recorded), all or nothing; returns how many marks it rekeyed.
     /// A store whose marks cannot be (keyed for another tenant; on
     /// Elasticsearch, marks of the first keying) refuses, saying why.
+    /// Elasticsearch only checks here: it records the keying with the
+    /// tenant's first mark, so that a tenant without any gets no index.
     async fn key_marks(&self, _key: &crate::domain::ActorKey) -> Result<u64, StoreError> {
         Ok(0)
     }

@@ -147,17 +147,26 @@ impl ElasticsearchStore {
     /// refuses a tenant whose marks predate the keying, or are recorded as
     /// another tenant's. Costs one read once recorded.
     pub(super) async fn ensure_marks_keyed(&self) -> Result<(), StoreError> {
+        if self.check_marks_keyed().await? == MarkKeying::Unbound {
+            self.set_marks_meta(KEYING_META, self.config.names.tenant())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// [`ElasticsearchStore::ensure_marks_keyed`] without recording: the
+    /// keying when it is this tenant's or none yet, else the refusal.
+    pub(super) async fn check_marks_keyed(&self) -> Result<MarkKeying, StoreError> {
         let tenant = self.config.names.tenant();
         let index = self.config.names.actor_marks();
         match self.mark_keying_es().await? {
-            MarkKeying::Tenant(t) if t == tenant => Ok(()),
-            MarkKeying::Tenant(t) => Err(StoreError::Internal(format!(
+            MarkKeying::Tenant(t) if t != tenant => Err(StoreError::Internal(format!(
                 "the actor marks in {index} are recorded as keyed for tenant {t:?}, not {tenant:?}: they would never match an actor of this tenant"
             ))),
             MarkKeying::Untenanted => Err(StoreError::Internal(refusal(
                 &self.tenant_mark_indices_with_docs().await?,
             ))),
-            MarkKeying::Unbound => self.set_marks_meta(KEYING_META, tenant).await,
+            keying => Ok(keying),
         }
     }
 

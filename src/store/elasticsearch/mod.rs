@@ -306,9 +306,9 @@ impl Store for ElasticsearchStore {
                 key.tenant()
             )));
         }
-        self.ensure_marks_keyed().await?;
-        self.marks_keyed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        // Checked only: the record is written with the tenant's first mark
+        // (a tenant that never counts an actor gets no mark index).
+        self.check_marks_keyed().await?;
         Ok(0)
     }
 
