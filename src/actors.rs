@@ -218,15 +218,17 @@ impl Actors {
     }
 
     /// The same secret and rules for `tenant`, whose actors have buckets of
-    /// their own (in the same bounded memory).
+    /// their own (in the same bounded memory) and marks of their own (the
+    /// tenant is in their hash).
     pub fn for_tenant(&self, tenant: &str) -> Actors {
-        let tenant = self
+        let hashed = self
             .limits
             .as_ref()
             .map_or(0, |l| l.hasher.hash_one(("tenant", tenant)));
         Actors {
-            tenant,
-            ..self.clone()
+            key: self.key.for_tenant(tenant),
+            limits: self.limits.clone(),
+            tenant: hashed,
         }
     }
 

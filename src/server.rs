@@ -67,6 +67,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                     "could not read the actor secret's fingerprint recorded in the cluster: this gateway's secret is not checked against it"
                 ),
             }
+            // Marks an earlier version keyed without their tenant are not
+            // re-keyed in place on a cluster: refused, saying how to go on.
+            store.check_mark_keying().await?;
             // Without ILM (OpenSearch) the gateway deletes expired bucket
             // months itself, in the background, never on the write path.
             let retention = Arc::new(
@@ -106,6 +109,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             )
         }
     };
+    // Before anything writes: the default tenant's marks an earlier version
+    // keyed without the tenant are brought to it (once), or start-up stops.
+    store
+        .key_marks(&actor_key)
+        .await
+        .map_err(|e| format!("the actor marks of the default tenant: {e}"))?;
     let metrics = Arc::new(Metrics::default());
     let tenants = Tenants::start(
         store,

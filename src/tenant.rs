@@ -509,6 +509,16 @@ impl Tenants {
             stores.open(&name)
         })
         .await?;
+        // Before anything writes: marks an earlier version keyed without
+        // the tenant are brought to it (once), or the tenant is refused.
+        let actors = self.default.actors.for_tenant(tenant);
+        store
+            .key_marks(&actors.key)
+            .await
+            .map_err(|e| TenantError::Open {
+                tenant: tenant.to_string(),
+                reason: e.to_string(),
+            })?;
         let (pipeline, flusher) = Pipeline::start_sharing(
             store.clone(),
             self.pipeline.clone(),
@@ -518,7 +528,7 @@ impl Tenants {
         let app = Arc::new(AppState {
             store,
             pipeline,
-            actors: self.default.actors.for_tenant(tenant),
+            actors,
             ..AppState::clone(&self.default)
         });
         let mut others = self.others.write().expect("tenants lock");

@@ -437,3 +437,183 @@ async fn the_unique_max_age_is_the_operators_to_raise() {
         .await;
     assert_error(&r, 400, "invalid_request", &["10 days"]);
 }
+
+/// The marks `tenant` holds, ever and day, as hex.
+async fn marks_of(app: &TestApp, tenant: &str) -> Vec<String> {
+    let state = if tenant == "default" {
+        std::sync::Arc::new(app.state.clone())
+    } else {
+        app.tenants.reader(tenant).await.unwrap()
+    };
+    let mut marks: Vec<String> = state
+        .store
+        .mark_page(None, 1_000, 0)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.mark.hex())
+        .collect();
+    marks.sort();
+    marks
+}
+
+/// The operator of two tenants that share a secret (one gateway, one
+/// `actor-secret`) cannot link a person across them: the same actor on the
+/// same counter has another mark in each, and still counts once in each.
+#[tokio::test]
+async fn two_tenants_sharing_a_secret_share_no_mark() {
+    let app = TestApp::start().await;
+    let path = counter_path("ARTICLE", "like", "a1", "/increment");
+    let view = counter_path("ARTICLE", "VIEW", "a1", "/increment");
+    for tenant in ["default", "acme", "globex"] {
+        for (p, body) in [
+            (&path, like("alice@example.org")),
+            (
+                &view,
+                json!({"actor": "alice@example.org", "unique": "day"}),
+            ),
+        ] {
+            for counted in [true, false] {
+                let r = app
+                    .send(
+                        app.http
+                            .post(app.url(p))
+                            .header("x-tenant", tenant)
+                            .json(&body),
+                    )
+                    .await;
+                assert_eq!(r.status, 200, "{tenant}: {}", r.text);
+                assert_eq!(r.json["counted"], json!(counted), "{tenant}: {}", r.text);
+            }
+        }
+    }
+    let default = marks_of(&app, "default").await;
+    let acme = marks_of(&app, "acme").await;
+    let globex = marks_of(&app, "globex").await;
+    assert_eq!((default.len(), acme.len(), globex.len()), (2, 2, 2));
+    for (a, b) in [(&default, &acme), (&default, &globex), (&acme, &globex)] {
+        assert!(
+            a.iter().all(|m| !b.contains(m)),
+            "{a:?} and {b:?} share a mark"
+        );
+    }
+}
+
+/// A store as an earlier version (schema 6) left it: `likes` by `actors`
+/// on ARTICLE/like/a1 and one view each on ARTICLE/VIEW/a1, marked
+/// without the tenant with `secret`, in `dir`.
+async fn old_store_with_marks(
+    dir: &std::path::Path,
+    secret: &counter_gateway::domain::ActorKey,
+    actors: &[&str],
+) {
+    use counter_gateway::domain::{CounterKey, Increment, Kind, Scope, Unique};
+    use counter_gateway::store::{Store, WriteBatch};
+    let store = counter_gateway::store::sqlite::SqliteStore::open(
+        dir,
+        counter_gateway::store::sqlite::Durability::Full,
+        Duration::from_secs(7 * 86_400),
+        400,
+        counter_gateway::domain::ManualClock::new(common::test_now()).clock(),
+    )
+    .unwrap();
+    let now = common::test_now();
+    let day = now.timestamp_millis().div_euclid(86_400_000);
+    let mut events = Vec::new();
+    for who in actors {
+        for (action, scope) in [("like", Scope::Ever), ("VIEW", Scope::Day)] {
+            let key = CounterKey::new("ARTICLE", action, "a1").unwrap();
+            events.push(Increment {
+                unique: Some(Unique {
+                    scope,
+                    mark: secret.untenanted_mark(&key, who).unwrap(),
+                }),
+                key,
+                delta: 1,
+                category: None,
+                ts_ms: now.timestamp_millis(),
+                day,
+                id: None,
+                kind: Kind::Counter,
+            });
+        }
+    }
+    let out = store
+        .apply(WriteBatch {
+            requests: vec![events],
+            ..WriteBatch::default()
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        out.requests[0],
+        counter_gateway::store::RequestOutcome::Applied { .. }
+    ));
+    drop(store);
+    let db = rusqlite::Connection::open(dir.join(counter_gateway::store::sqlite::DB_FILE)).unwrap();
+    db.execute_batch("DROP TABLE actor_mark_keying; PRAGMA user_version = 6;")
+        .unwrap();
+}
+
+/// Marks an earlier version keyed without the tenant are brought to it at
+/// open, once, in the default tenant and another: an actor counted before
+/// the upgrade is still counted once (a like again is a repeat, an unlike
+/// takes it back), a view of the same day is a repeat, and a restart does
+/// not key them again.
+#[tokio::test]
+async fn marks_of_an_earlier_version_still_count_each_actor_once() {
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let secret = counter_gateway::actors::embedded_secret(dir.path()).unwrap();
+    let acme = dir.path().join("tenants/acme");
+    std::fs::create_dir_all(&acme).unwrap();
+    old_store_with_marks(dir.path(), &secret, &["alice", "bob"]).await;
+    old_store_with_marks(&acme, &secret, &["alice", "bob"]).await;
+    let mut app = TestApp::start_in_dir(dir, Options::default()).await;
+    let path = counter_path("ARTICLE", "like", "a1", "");
+    let view = counter_path("ARTICLE", "VIEW", "a1", "/increment");
+    for round in 0..2 {
+        for tenant in ["default", "acme"] {
+            let post = |p: &str, body: Value| {
+                app.send(
+                    app.http
+                        .post(app.url(p))
+                        .header("x-tenant", tenant)
+                        .json(&body),
+                )
+            };
+            let r = post(&format!("{path}/increment"), like("alice")).await;
+            assert_eq!(
+                r.json["counted"],
+                json!(false),
+                "{tenant} {round}: {}",
+                r.text
+            );
+            assert_eq!(
+                r.json["value"],
+                json!(2 - round),
+                "{tenant} {round}: {}",
+                r.text
+            );
+            let r = post(&view, json!({"actor": "bob", "unique": "day"})).await;
+            assert_eq!(
+                r.json["counted"],
+                json!(false),
+                "{tenant} {round}: {}",
+                r.text
+            );
+            if round == 0 {
+                // Bob's like is found, and taken back.
+                let r = post(&format!("{path}/decrement"), like("bob")).await;
+                assert_eq!(r.json["counted"], json!(true), "{tenant}: {}", r.text);
+                assert_eq!(r.json["value"], json!(1), "{tenant}: {}", r.text);
+            }
+        }
+        app = app.restart().await;
+    }
+    assert_eq!(marks_of(&app, "default").await.len(), 3);
+    assert_eq!(marks_of(&app, "acme").await.len(), 3);
+    assert_ne!(
+        marks_of(&app, "default").await,
+        marks_of(&app, "acme").await
+    );
+}

@@ -134,6 +134,7 @@ async fn measure_marks(name: &str, store: &dyn Store, text: &str, marks: usize) 
         from_day: rules().oldest_day(),
         marks: true,
         fingerprint: None,
+        tenant: "default".into(),
     };
     let exported = export::write(store, &mut out, &what, &hidden)
         .await

@@ -49,6 +49,8 @@ type RequestFault = Box<dyn Fn(usize) -> Option<(u16, Value)> + Send>;
 struct State {
     /// `(index, _id)` -> `_source`.
     docs: HashMap<(String, String), Map<String, Value>>,
+    /// The `_meta` of each index's mapping, as a mapping put last set it.
+    metas: HashMap<String, Map<String, Value>>,
     /// Every bulk call: the `_id` of each item, in order.
     bulks: Vec<Vec<String>>,
     /// Every bulk call's raw body and content type.
@@ -1035,10 +1037,22 @@ impl Fake {
                     }
                 }
             }
+            ("GET", [index, "_mapping"]) if !index.contains('*') && !index.contains(',') => {
+                if st.indices.contains(*index) {
+                    let meta = st.metas.get(*index).cloned().unwrap_or_default();
+                    es(200, json!({ *index: {"mappings": {"_meta": meta}} }))
+                } else {
+                    es(404, fixture("get_index_missing.json"))
+                }
+            }
             ("PUT", [index, "_mapping"]) => {
                 // A pattern matching no index is acknowledged (as OpenSearch
                 // 2.19 answers setup's upgrade of the mark indices).
                 if st.indices.contains(*index) || index.contains('*') {
+                    let put: Value = serde_json::from_slice(&body).unwrap_or_default();
+                    if let (Some(meta), false) = (put["_meta"].as_object(), index.contains('*')) {
+                        st.metas.insert(index.to_string(), meta.clone());
+                    }
                     es(200, json!({"acknowledged": true}))
                 } else {
                     es(404, fixture("get_index_missing.json"))
@@ -1062,6 +1076,28 @@ impl Fake {
                     })
                     .collect();
                 es(200, json!({"docs": docs}))
+            }
+            ("POST", [target, "_search"])
+                if serde_json::from_slice::<Value>(&body).unwrap()["aggs"]["indices"]["terms"]
+                    ["field"]
+                    == "_index" =>
+            {
+                // Documents per index (how the store tells whether a
+                // tenant holds marks), as a terms aggregation on `_index`.
+                let mut per: HashMap<&String, u64> = HashMap::new();
+                for (i, _) in st.docs.keys() {
+                    if index_matches(target, i) {
+                        *per.entry(i).or_default() += 1;
+                    }
+                }
+                let buckets: Vec<Value> = per
+                    .iter()
+                    .map(|(i, n)| json!({"key": i, "doc_count": n}))
+                    .collect();
+                es(
+                    200,
+                    json!({"hits": {"hits": []}, "aggregations": {"indices": {"buckets": buckets}}}),
+                )
             }
             ("POST", [target, "_search"]) => {
                 let q: Value = serde_json::from_slice(&body).unwrap();

@@ -1722,3 +1722,207 @@ async fn view_marks_are_monthly_strict_and_expire() {
     es.cleanup().await;
     assert_eq!(deleted, Ok(vec![old]));
 }
+
+/// A like of `actor` on ARTICLE/like/a1 with `mark`, applied to `store`:
+/// whether it counted (`None`: the flush failed, with its reason).
+async fn like_with_mark(
+    store: &dyn Store,
+    mark: counter_gateway::domain::Mark,
+) -> Result<bool, String> {
+    use counter_gateway::domain::{CounterKey, Increment, Kind, Scope, Unique};
+    let now = common::test_now();
+    let event = Increment {
+        key: CounterKey::new("ARTICLE", "like", "a1").unwrap(),
+        delta: 1,
+        category: None,
+        ts_ms: now.timestamp_millis(),
+        day: now.timestamp_millis().div_euclid(86_400_000),
+        id: None,
+        kind: Kind::Counter,
+        unique: Some(Unique {
+            scope: Scope::Ever,
+            mark,
+        }),
+    };
+    let out = store
+        .apply(counter_gateway::store::WriteBatch {
+            requests: vec![vec![event]],
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    match &out.requests[0] {
+        counter_gateway::store::RequestOutcome::Applied { .. } => {
+            Ok(out.repeats.first().copied().unwrap_or(0) == 0)
+        }
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// Marks are keyed for their tenant on Elasticsearch too. Marks an earlier
+/// version keyed without the tenant (documents, and no keying record on
+/// the tenant's `actor_marks`) are refused, at start and at the tenant's
+/// first mark, naming the indices; the way the refusal gives (export,
+/// delete the tenant's mark indices, import with the secret) re-keys them,
+/// and the actor they counted is then still counted once. Two tenants
+/// sharing the secret get different mark documents for one actor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn marks_of_an_earlier_version_are_refused_then_reimported_for_their_tenant() {
+    use counter_gateway::domain::{ActorKey, CounterKey};
+    use counter_gateway::transfer::{export, format, import};
+    let url = cluster().await;
+    let es = Es {
+        url: url.clone(),
+        prefix: prefix(),
+        http: reqwest::Client::new(),
+    };
+    let cfg = EsConfig::new(&url, &es.prefix, "default").unwrap();
+    let base = ElasticsearchStore::open(cfg, clock(), true).await.unwrap();
+    let secret_text = "the secret of every gateway here";
+    let secret = ActorKey::new(secret_text.as_bytes()).unwrap();
+    let key = CounterKey::new("ARTICLE", "like", "a1").unwrap();
+    let acme_index = format!("{}_acme_actor_marks", es.prefix);
+
+    // What an earlier version left: alice's like, marked without the
+    // tenant, and no keying record.
+    let acme = base.for_tenant("acme").unwrap();
+    let old = secret.untenanted_mark(&key, "alice").unwrap();
+    assert_eq!(like_with_mark(&acme, old).await, Ok(true));
+    let r = es
+        .http
+        .put(format!("{url}/{acme_index}/_mapping"))
+        .json(&json!({"_meta": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    es.refresh().await;
+
+    // Refused at start (every tenant of the prefix) and at acme's first
+    // mark, naming the index; the default tenant is not held up.
+    let e = base.check_mark_keying().await.unwrap_err();
+    assert!(e.contains(&acme_index) && e.contains("import"), "{e}");
+    let fresh = base.for_tenant("acme").unwrap();
+    let e = fresh
+        .key_marks(&secret.for_tenant("acme"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&acme_index), "{e}");
+    let e = like_with_mark(&fresh, secret.for_tenant("acme").mark(&key, "bob").unwrap())
+        .await
+        .unwrap_err();
+    assert!(e.contains(&acme_index), "{e}");
+    let default = base.for_tenant("default").unwrap();
+    default.key_marks(&secret).await.unwrap();
+
+    // The way on: export (its marks of the first keying, as the record
+    // says), delete acme's mark indices, import with the secret.
+    let rules = format::Rules {
+        now: common::test_now(),
+        policy: TimePolicy::default(),
+    };
+    let mut out = Vec::new();
+    let what = export::Export {
+        from_day: rules.oldest_day(),
+        marks: true,
+        fingerprint: secret.fingerprint(),
+        tenant: "acme".into(),
+    };
+    export::write(&fresh, &mut out, &what, &indicatif::ProgressBar::hidden())
+        .await
+        .unwrap();
+    let file = String::from_utf8(out).unwrap();
+    let second: Value = serde_json::from_str(file.lines().nth(1).unwrap()).unwrap();
+    assert_eq!(
+        second,
+        json!({"kind": "actor_secret", "fingerprint": secret.fingerprint().unwrap()})
+    );
+    let r = es
+        .http
+        .delete(format!("{url}/{acme_index}"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let importer = Arc::new(base.for_tenant("acme").unwrap());
+    let options = import::Options {
+        secret: counter_gateway::transfer::secret::SecretCheck::Cluster {
+            store: importer.clone(),
+            given: Some(secret_text.into()),
+            key: None,
+        },
+        ..import::Options::default()
+    };
+    let done = import::read_all(
+        &*importer,
+        file.as_bytes(),
+        &rules,
+        &options,
+        &indicatif::ProgressBar::hidden(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.marks, 1);
+    es.refresh().await;
+    base.check_mark_keying().await.unwrap();
+
+    // Alice is still counted once on acme; Bob is new. The default
+    // tenant's Alice is another mark document.
+    let acme = base.for_tenant("acme").unwrap();
+    acme.key_marks(&secret.for_tenant("acme")).await.unwrap();
+    let acme_key = secret.for_tenant("acme");
+    assert_eq!(
+        like_with_mark(&acme, acme_key.mark(&key, "alice").unwrap()).await,
+        Ok(false)
+    );
+    assert_eq!(
+        like_with_mark(&acme, acme_key.mark(&key, "bob").unwrap()).await,
+        Ok(true)
+    );
+    assert_eq!(
+        like_with_mark(&default, secret.mark(&key, "alice").unwrap()).await,
+        Ok(true)
+    );
+    assert_eq!(acme.get(&key).await.unwrap().unwrap().value, 2);
+    let ids = |tenant: &str| {
+        let (http, url, prefix) = (es.http.clone(), url.clone(), es.prefix.clone());
+        let tenant = tenant.to_string();
+        async move {
+            let r: Value = http
+                .get(format!(
+                    "{url}/{prefix}_{tenant}_actor_marks/_search?size=100"
+                ))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            r["hits"]["hits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| h["_id"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    es.refresh().await;
+    let (on_acme, on_default) = (ids("acme").await, ids("default").await);
+    assert_eq!(
+        (on_acme.len(), on_default.len()),
+        (2, 1),
+        "{on_acme:?} {on_default:?}"
+    );
+    assert!(
+        !on_acme.contains(&on_default[0]),
+        "{on_acme:?} {on_default:?}"
+    );
+    assert!(on_acme.contains(&format!(
+        "{}@{}",
+        key.doc_id(),
+        acme_key.mark(&key, "alice").unwrap().hex()
+    )));
+    es.cleanup().await;
+}

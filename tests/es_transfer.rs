@@ -422,6 +422,7 @@ async fn export_marked(
         from_day: rules.oldest_day(),
         marks: true,
         fingerprint,
+        tenant: "default".into(),
     };
     export::write(store, &mut out, &what, &indicatif::ProgressBar::hidden())
         .await
@@ -440,6 +441,7 @@ async fn import_into_cluster(
         secret: counter_gateway::transfer::secret::SecretCheck::Cluster {
             store: store.clone(),
             given: None,
+            key: None,
         },
         ..import::Options::default()
     };
@@ -455,7 +457,8 @@ async fn import_into_cluster(
 
 /// Marks on the real node: what the embedded store exported, imported into
 /// Elasticsearch, exports as the same file (both list marks in one order),
-/// also when imported twice and copied to another tenant; the secret's
+/// also when imported twice and copied to another prefix (another tenant
+/// refuses marks keyed for this one); the secret's
 /// fingerprint is recorded, and a file of another secret is refused; a
 /// like being taken back (`retracting`) survives a round trip; a view past
 /// the retention is not exported.
@@ -488,8 +491,17 @@ async fn marks_round_trip_on_elasticsearch_as_on_the_embedded_store() {
     // Twice: the same state.
     import_into_cluster(&es, &file).await.unwrap();
     assert_eq!(export_marked(&*es, Some(fp.clone()), rules()).await, file);
-    // To another prefix and tenant, through a file of Elasticsearch's.
-    let copy = Arc::new(es_store(&url, &p2, "other").await);
+    // To another prefix, through a file of Elasticsearch's; not to another
+    // tenant, whose marks are keyed for it (they would never match there).
+    let elsewhere = es_store(&url, &p2, "other").await;
+    let e = import_into_cluster(
+        &Arc::new(elsewhere),
+        &export_marked(&*es, Some(fp.clone()), rules()).await,
+    )
+    .await
+    .unwrap_err();
+    assert!(e.contains("keyed for tenant default"), "{e}");
+    let copy = Arc::new(es_store(&url, &p2, "default").await);
     import_into_cluster(&copy, &export_marked(&*es, Some(fp.clone()), rules()).await)
         .await
         .unwrap();
@@ -512,7 +524,7 @@ async fn marks_round_trip_on_elasticsearch_as_on_the_embedded_store() {
     let foreign = format!(
         "{}{}{}",
         format::header_line(),
-        format::actor_secret_line(&other.fingerprint().unwrap()),
+        format::actor_secret_line(&other.fingerprint().unwrap(), Some("default")),
         format::mark_line(&counter_gateway::store::ActorMark {
             key: key.clone(),
             mark: other.mark(&key, "zoe").unwrap(),
@@ -540,7 +552,7 @@ async fn marks_round_trip_on_elasticsearch_as_on_the_embedded_store() {
     let text = format!(
         "{}{}{line}",
         format::header_line(),
-        format::actor_secret_line(&fp)
+        format::actor_secret_line(&fp, Some("default"))
     );
     import_into_cluster(&copy, &text).await.unwrap();
     let again = export_marked(&*copy, Some(fp.clone()), rules()).await;

@@ -785,6 +785,7 @@ async fn export_marked(
         from_day: rules.oldest_day(),
         marks: true,
         fingerprint: fingerprint.map(str::to_string),
+        tenant: "default".into(),
     };
     export::write(store, &mut out, &what, &hidden())
         .await
@@ -796,6 +797,7 @@ fn into_dir(dir: &std::path::Path, given: Option<&str>) -> import::Options {
     import::Options {
         secret: counter_gateway::transfer::secret::SecretCheck::Embedded {
             data_dir: dir.to_path_buf(),
+            tenant: "default".into(),
             given: given.map(str::to_string),
         },
         ..import::Options::default()
@@ -826,7 +828,10 @@ async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
     let file = export_marked(&*app.state.store, Some(&fp), rules()).await;
     let all = lines(&file);
     assert_eq!(all[0]["version"], 2);
-    assert_eq!(all[1], json!({"kind": "actor_secret", "fingerprint": fp}));
+    assert_eq!(
+        all[1],
+        json!({"kind": "actor_secret", "fingerprint": fp, "keyed_for": "default"})
+    );
     let marks: Vec<&Value> = all.iter().filter(|r| r["kind"] == "mark").collect();
     // Likes that stand (carol's was taken back), then views by day.
     let scopes: Vec<(&str, &str, Option<&str>)> = marks
@@ -1003,7 +1008,7 @@ async fn a_file_of_marks_keyed_with_another_secret_is_refused_before_anything_is
     let file = format!(
         "{}{}{counter}{mark}",
         format::header_line(),
-        format::actor_secret_line(&their_fp)
+        format::actor_secret_line(&their_fp, Some("default"))
     );
     let (dir, store) = empty_store();
     let ours = "this store's own secret, not theirs";
@@ -1059,7 +1064,10 @@ async fn a_file_of_marks_keyed_with_another_secret_is_refused_before_anything_is
         .unwrap();
     assert_eq!(done.marks, 1);
     // A fingerprint after the marks it should name.
-    let late = format!("{bare}{}", format::actor_secret_line(&their_fp));
+    let late = format!(
+        "{bare}{}",
+        format::actor_secret_line(&their_fp, Some("default"))
+    );
     let e = import_text(&*store2, &late, &into_dir(dir2.path(), None))
         .await
         .unwrap_err();
@@ -1206,7 +1214,7 @@ fn the_commands_carry_marks_and_name_their_secret() {
     let want = format!(
         "{}{}{}",
         format::header_line(),
-        format::actor_secret_line(&fp),
+        format::actor_secret_line(&fp, Some("default")),
         &text[format::header_line().len()..]
     );
     assert_eq!(exported, want);
@@ -1255,4 +1263,98 @@ fn the_commands_carry_marks_and_name_their_secret() {
         "{stderr}"
     );
     assert!(!bare.join("actor-secret").exists());
+}
+
+/// Marks are keyed for their tenant: an export of an earlier version
+/// (its `actor_secret` record has no `keyed_for`, its marks the first
+/// keying) imported into a tenant is brought to that tenant's keying, also
+/// when the import resumes past the record, so that a gateway on it still
+/// counts the actor once; an export names its tenant, and marks keyed for
+/// one tenant are refused by an import into another.
+#[tokio::test]
+async fn an_export_from_before_marks_were_keyed_for_their_tenant_imports_after() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let secret = counter_gateway::actors::embedded_secret(dir.path()).unwrap();
+    let fp = secret.fingerprint().unwrap();
+    let key = CounterKey::new("ARTICLE", "like", "a1").unwrap();
+    let old_mark = secret.untenanted_mark(&key, "alice").unwrap();
+    let file = format!(
+        "{}{}{}\n{}",
+        format::header_line(),
+        format::actor_secret_line(&fp, None),
+        json!({"kind": "counter", "entity": "ARTICLE", "action": "like", "uuid": "a1", "value": 1}),
+        format::mark_line(&counter_gateway::store::ActorMark {
+            key: key.clone(),
+            mark: old_mark,
+            day: None,
+            state: counter_gateway::store::MarkState::Counted,
+        })
+    );
+    let into = |tenant: &str, from_line: u64| import::Options {
+        secret: counter_gateway::transfer::secret::SecretCheck::Embedded {
+            data_dir: dir.path().to_path_buf(),
+            tenant: tenant.into(),
+            given: None,
+        },
+        from_line,
+        ..import::Options::default()
+    };
+    let acme_mark = secret.for_tenant("acme").mark(&key, "alice").unwrap();
+    {
+        // The whole file, and the file resumed at its mark: re-keyed both.
+        for from_line in [1, 4] {
+            let acme = open_store(&dir.path().join("tenants/acme"));
+            acme.key_marks(&secret.for_tenant("acme")).await.unwrap();
+            import_text(&acme, &file, &into("acme", from_line))
+                .await
+                .unwrap();
+            let marks = acme.mark_page(None, 10, 0).await.unwrap();
+            assert_eq!(
+                marks.iter().map(|m| m.mark).collect::<Vec<_>>(),
+                vec![acme_mark],
+                "from line {from_line}"
+            );
+        }
+    }
+    let app = TestApp::start_in_dir(dir.clone(), common::Options::default()).await;
+    let r = app
+        .send(
+            app.http
+                .post(app.url(&common::counter_path("ARTICLE", "like", "a1", "/increment")))
+                .header("x-tenant", "acme")
+                .json(&json!({"actor": "alice", "unique": "ever"})),
+        )
+        .await;
+    assert_eq!(
+        (&r.json["counted"], &r.json["value"]),
+        (&json!(false), &json!(1)),
+        "{}",
+        r.text
+    );
+    // The export of acme names its keying; another tenant refuses it.
+    let acme = app.tenants.reader("acme").await.unwrap();
+    let mut out = Vec::new();
+    let what = export::Export {
+        from_day: rules().oldest_day(),
+        marks: true,
+        fingerprint: Some(fp.clone()),
+        tenant: "acme".into(),
+    };
+    export::write(&*acme.store, &mut out, &what, &hidden())
+        .await
+        .unwrap();
+    let exported = String::from_utf8(out).unwrap();
+    assert_eq!(
+        lines(&exported)[1],
+        json!({"kind": "actor_secret", "fingerprint": fp, "keyed_for": "acme"})
+    );
+    let globex = open_store(&dir.path().join("tenants/globex"));
+    let e = import_text(&globex, &exported, &into("globex", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        e.starts_with("line 2: ") && e.contains("keyed for tenant acme"),
+        "{e}"
+    );
+    assert!(globex.get(&key).await.unwrap().is_none(), "nothing set");
 }

@@ -4,11 +4,20 @@
 //!
 //! The raw actor never leaves the edge. What the stores keep is a [`Mark`]:
 //! HMAC-SHA256, keyed with the gateway's actor secret, over the counter's
-//! document id and the actor, cut to 128 bits. Keyed, so that the stored
+//! document id and the actor, cut to 128 bits, then once more over the
+//! tenant and that (see [`ActorKey::mark`]). Keyed, so that the stored
 //! marks cannot be matched against a list of likely actors (e-mail
 //! addresses, user ids) without the secret; over the counter too, so that
 //! even with the store in hand one cannot tell that the same actor liked two
-//! different counters (no profile across counters can be read from it).
+//! different counters (no profile across counters can be read from it);
+//! over the tenant, so that the operator of two tenants sharing a secret
+//! (and a counter id) cannot link one person across them by equal marks.
+//!
+//! The tenant is hashed over the earlier mark (which the first versions
+//! stored, without the tenant) rather than beside the actor, so that a
+//! store's existing marks are brought to it in place, without knowing a
+//! single actor: [`ActorKey::rekey`] (the embedded store's migration,
+//! `import` of an older file).
 
 use std::sync::Arc;
 
@@ -96,15 +105,25 @@ pub struct Unique {
     pub mark: Mark,
 }
 
-/// The actor secret the marks are keyed with; `None`: the gateway has none,
-/// and events with `unique` are refused.
-#[derive(Clone, Default)]
-pub struct ActorKey(Option<Arc<ring::hmac::Key>>);
+/// The actor secret the marks are keyed with (`None`: the gateway has
+/// none, and events with `unique` are refused), for one tenant.
+#[derive(Clone)]
+pub struct ActorKey {
+    secret: Option<Arc<ring::hmac::Key>>,
+    /// Hashed into every mark: see the module doc.
+    tenant: Arc<str>,
+}
+
+impl Default for ActorKey {
+    fn default() -> Self {
+        ActorKey::none()
+    }
+}
 
 impl std::fmt::Debug for ActorKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the secret, not even in a debug print.
-        f.write_str(if self.0.is_some() {
+        f.write_str(if self.secret.is_some() {
             "ActorKey(set)"
         } else {
             "ActorKey(none)"
@@ -114,6 +133,10 @@ impl std::fmt::Debug for ActorKey {
 
 /// Keeps the marks of one version apart from any other use of the secret.
 const MARK_CONTEXT: &[u8] = b"counter-gateway actor mark v1\0";
+
+/// What the second HMAC of a mark (the tenant over the first) begins with:
+/// a use of its own, so no mark of one step is ever one of the other.
+const TENANT_CONTEXT: &[u8] = b"counter-gateway actor mark of a tenant v2\0";
 
 /// What a secret's fingerprint is the HMAC of: a use of its own, so the
 /// fingerprint is no mark of any actor on any counter.
@@ -130,6 +153,8 @@ impl ActorKey {
     /// data directory's file, which `echo` ends with a newline): one secret
     /// keys actors one way whichever path it took, and what is written to
     /// the file is what is read back.
+    /// The key is the default tenant's; [`ActorKey::for_tenant`] gives
+    /// another's.
     pub fn new(secret: &[u8]) -> Result<ActorKey, String> {
         let secret = secret.trim_ascii();
         if secret.len() < MIN_ACTOR_SECRET_BYTES {
@@ -138,19 +163,38 @@ impl ActorKey {
                 secret.len()
             ));
         }
-        Ok(ActorKey(Some(Arc::new(ring::hmac::Key::new(
-            ring::hmac::HMAC_SHA256,
-            secret,
-        )))))
+        Ok(ActorKey {
+            secret: Some(Arc::new(ring::hmac::Key::new(
+                ring::hmac::HMAC_SHA256,
+                secret,
+            ))),
+            tenant: Arc::from(crate::tenant::DEFAULT_TENANT),
+        })
     }
 
     /// No secret: `unique` is refused.
     pub fn none() -> ActorKey {
-        ActorKey(None)
+        ActorKey {
+            secret: None,
+            tenant: Arc::from(crate::tenant::DEFAULT_TENANT),
+        }
+    }
+
+    /// The same secret, keying the marks of `tenant`.
+    pub fn for_tenant(&self, tenant: &str) -> ActorKey {
+        ActorKey {
+            secret: self.secret.clone(),
+            tenant: Arc::from(tenant),
+        }
+    }
+
+    /// The tenant whose marks this key makes.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
     }
 
     pub fn is_set(&self) -> bool {
-        self.0.is_some()
+        self.secret.is_some()
     }
 
     /// What names the secret without giving it away: 16 hex digits of
@@ -161,14 +205,42 @@ impl ActorKey {
     /// of the secret offline: secrets are random (the generated one is 32
     /// random bytes), never a word.
     pub fn fingerprint(&self) -> Option<String> {
-        let k = self.0.as_ref()?;
+        let k = self.secret.as_ref()?;
         let tag = ring::hmac::sign(k, FINGERPRINT_CONTEXT);
         Some(to_hex(&tag.as_ref()[..FINGERPRINT_HEX / 2]))
     }
 
-    /// The mark of `actor` on `key`; `None` without a secret.
+    /// The mark of `actor` on `key` in this key's tenant, `None` without a
+    /// secret: [`ActorKey::rekey`] of [`ActorKey::untenanted_mark`].
     pub fn mark(&self, key: &CounterKey, actor: &str) -> Option<Mark> {
-        let k = self.0.as_ref()?;
+        self.rekey(self.untenanted_mark(key, actor)?)
+    }
+
+    /// The mark of this tenant that `old`, a mark of the first keying
+    /// ([`ActorKey::untenanted_mark`]), becomes: HMAC-SHA256 over a context
+    /// of its own, the tenant, a NUL (no tenant name holds one) and the 16
+    /// bytes of `old`, cut to 128 bits. A keyed function of a keyed
+    /// function: without the secret it tells nothing, and with it, marks of
+    /// two tenants are linked only by guessing the actor (as any mark is
+    /// tested against a guess). `None` without a secret.
+    pub fn rekey(&self, old: Mark) -> Option<Mark> {
+        let k = self.secret.as_ref()?;
+        let mut ctx = ring::hmac::Context::with_key(k);
+        ctx.update(TENANT_CONTEXT);
+        ctx.update(self.tenant.as_bytes());
+        ctx.update(b"\0");
+        ctx.update(&old.0);
+        let tag = ctx.sign();
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&tag.as_ref()[..16]);
+        Some(Mark(out))
+    }
+
+    /// The mark of the first keying, without the tenant: what stores
+    /// written before the tenant was hashed in hold, and what
+    /// [`ActorKey::rekey`] brings to the tenant. Never stored by this build.
+    pub fn untenanted_mark(&self, key: &CounterKey, actor: &str) -> Option<Mark> {
+        let k = self.secret.as_ref()?;
         let mut ctx = ring::hmac::Context::with_key(k);
         ctx.update(MARK_CONTEXT);
         // The document id is injective, and an actor holds no control
@@ -231,6 +303,25 @@ mod tests {
         ] {
             assert_eq!(Mark::from_hex(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn marks_differ_per_tenant_and_come_from_the_first_keying() {
+        let a = ActorKey::new(b"0123456789abcdef").unwrap();
+        assert_eq!(a.tenant(), "default");
+        let acme = a.for_tenant("acme");
+        let k = key("a1");
+        let m = a.mark(&k, "alice").unwrap();
+        assert_ne!(m, acme.mark(&k, "alice").unwrap());
+        assert_ne!(m, a.untenanted_mark(&k, "alice").unwrap());
+        // What the migration relies on: the new mark from the old alone.
+        let old = acme.untenanted_mark(&k, "alice").unwrap();
+        assert_eq!(old, a.untenanted_mark(&k, "alice").unwrap());
+        assert_eq!(acme.rekey(old), acme.mark(&k, "alice"));
+        assert_eq!(a.rekey(old), Some(m));
+        // The fingerprint names the secret, whatever the tenant.
+        assert_eq!(a.fingerprint(), acme.fingerprint());
+        assert_eq!(ActorKey::none().for_tenant("acme").rekey(old), None);
     }
 
     #[test]

@@ -215,6 +215,33 @@ pub trait Store: Send + Sync + 'static {
     /// same batch again leaves the same state, so a batch whose outcome is
     /// unknown (an error) is simply applied again.
     async fn import(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError>;
+    /// Brings the store's actor marks to the keying of `key`'s tenant
+    /// (see `crate::domain::actor`), before the gateway writes through it:
+    /// once (recorded), all or nothing; returns how many marks it rekeyed.
+    /// A store whose marks cannot be (keyed for another tenant; on
+    /// Elasticsearch, marks of the first keying) refuses, saying why.
+    /// Elasticsearch only checks here: it records the keying with the
+    /// tenant's first mark, so that a tenant without any gets no index.
+    async fn key_marks(&self, _key: &crate::domain::ActorKey) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+    /// Which keying the store's marks have (`export` writes it).
+    async fn mark_keying(&self) -> Result<MarkKeying, StoreError> {
+        Ok(MarkKeying::Unbound)
+    }
+}
+
+/// Which keying a store's actor marks have (see `crate::domain::actor`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MarkKeying {
+    /// The first keying, without the tenant (an earlier version's marks):
+    /// to be brought to the tenant with `ActorKey::rekey`.
+    Untenanted,
+    /// No mark predates the tenant's keying: the store's marks are of the
+    /// tenant it serves.
+    Unbound,
+    /// Keyed for this tenant.
+    Tenant(String),
 }
 
 /// What became of a [`Store::set_days`].

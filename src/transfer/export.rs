@@ -6,7 +6,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::format;
 use crate::domain::CounterKey;
-use crate::store::{ActorMark, Store};
+use crate::store::{ActorMark, MarkKeying, Store};
 
 /// Counters (or averages) read per page. A page holds each one's days too
 /// (up to the retention's 400), so this bounds memory to some 10 MB.
@@ -47,6 +47,9 @@ pub struct Export {
     /// The fingerprint of the secret the store's marks are keyed with,
     /// when known: written after the header if there are marks.
     pub fingerprint: Option<String>,
+    /// The tenant exported: its marks are keyed for it unless the store
+    /// says otherwise (`Store::mark_keying`), as that line then says.
+    pub tenant: String,
 }
 
 /// Writes the header and every counter, average and mark of `store`, with
@@ -62,6 +65,7 @@ pub async fn write_all<W: AsyncWrite + Unpin>(
         from_day,
         marks: true,
         fingerprint: None,
+        tenant: crate::tenant::DEFAULT_TENANT.into(),
     };
     write(store, out, &what, progress).await
 }
@@ -87,7 +91,16 @@ pub async fn write<W: AsyncWrite + Unpin>(
             .await
             .map_err(|e| format!("reading marks failed: {e}"))?;
         if !any.is_empty() {
-            out.write_all(format::actor_secret_line(fp).as_bytes())
+            let keyed_for = match store
+                .mark_keying()
+                .await
+                .map_err(|e| format!("reading how the marks are keyed failed: {e}"))?
+            {
+                MarkKeying::Tenant(t) => Some(t),
+                MarkKeying::Unbound => Some(what.tenant.clone()),
+                MarkKeying::Untenanted => None,
+            };
+            out.write_all(format::actor_secret_line(fp, keyed_for.as_deref()).as_bytes())
                 .await
                 .map_err(io)?;
             done.fingerprint = true;

@@ -6,13 +6,19 @@
 //!
 //! ```text
 //! {"kind":"header","format":"counter-gateway","version":2}
-//! {"kind":"actor_secret","fingerprint":"3f2a9c0e1b7d4a55"}
+//! {"kind":"actor_secret","fingerprint":"3f2a9c0e1b7d4a55","keyed_for":"default"}
 //! {"kind":"counter","entity":"ARTICLE","action":"VIEW","uuid":"a1","value":1023,"before":23,"category":"news","first_timestamp":"...","recorded_timestamp":"...","days":{"2026-11-02":120,...}}
 //! {"kind":"average","entity":"ARTICLE","action":"rating","uuid":"a1","sum":40,"quantity":10,"before_sum":0,"before_quantity":0,...,"days":{"2026-11-02":{"sum":9,"quantity":2}}}
 //! {"kind":"day","entity":"ARTICLE","action":"VIEW","uuid":"a2","day":"2026-11-03","value":8,"category":"news"}
 //! {"kind":"mark","entity":"ARTICLE","action":"like","uuid":"a1","scope":"ever","mark":"<32 hex>","state":"counted"}
 //! {"kind":"mark","entity":"ARTICLE","action":"VIEW","uuid":"a1","scope":"day","day":"2026-11-30","mark":"<32 hex>","state":"counted"}
 //! ```
+//!
+//! `keyed_for` names the tenant the marks are keyed for (the tenant is in
+//! their hash, see `crate::domain::actor`); a file written before that has
+//! none, and its marks are of the first keying, which `import` brings to
+//! the tenant it imports into. A build that predates `keyed_for` refuses
+//! it (an unknown field) at that line, before any mark.
 //!
 //! Version 2 added `mark` and `actor_secret` records; a version 1 file is
 //! read as it was (it has neither). Version 1 readers refuse a version 2
@@ -51,10 +57,26 @@ pub fn header_line() -> String {
 }
 
 /// The line naming, by its fingerprint (`ActorKey::fingerprint`), the
-/// secret the file's marks were keyed with; written after the header when
-/// the file holds marks and the exporting side knows its secret.
-pub fn actor_secret_line(fingerprint: &str) -> String {
-    format!("{{\"kind\":\"actor_secret\",\"fingerprint\":\"{fingerprint}\"}}\n")
+/// secret the file's marks were keyed with, and the tenant they are keyed
+/// for (`None`: the first keying, without the tenant); written after the
+/// header when the file holds marks and the exporting side knows its secret.
+pub fn actor_secret_line(fingerprint: &str, keyed_for: Option<&str>) -> String {
+    match keyed_for {
+        // Tenant names are index-name safe: nothing to escape.
+        Some(t) => format!(
+            "{{\"kind\":\"actor_secret\",\"fingerprint\":\"{fingerprint}\",\"keyed_for\":\"{t}\"}}\n"
+        ),
+        None => format!("{{\"kind\":\"actor_secret\",\"fingerprint\":\"{fingerprint}\"}}\n"),
+    }
+}
+
+/// What an `actor_secret` record says of the file's marks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActorSecret {
+    /// The fingerprint of the secret they were keyed with.
+    pub fingerprint: String,
+    /// The tenant they are keyed for; `None`: the first keying, without.
+    pub keyed_for: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -263,6 +285,7 @@ struct Fields {
     state: Option<String>,
     since: Option<String>,
     fingerprint: Option<String>,
+    keyed_for: Option<String>,
 }
 
 impl Fields {
@@ -290,6 +313,7 @@ impl Fields {
             ("state", self.state.is_some()),
             ("since", self.since.is_some()),
             ("fingerprint", self.fingerprint.is_some()),
+            ("keyed_for", self.keyed_for.is_some()),
         ];
         match given
             .iter()
@@ -309,8 +333,8 @@ impl Fields {
 pub enum Record {
     /// The first line, with the file's version.
     Header(u32),
-    /// The fingerprint of the secret the file's marks were keyed with.
-    ActorSecret(String),
+    /// The secret the file's marks were keyed with, and their tenant.
+    ActorSecret(ActorSecret),
     Counter(CounterImport),
     Average(AverageImport),
     Day(DaySet),
@@ -393,7 +417,7 @@ fn header(f: &Fields) -> Result<Record, String> {
 }
 
 fn actor_secret(f: &Fields) -> Result<Record, String> {
-    f.only(&["fingerprint"])?;
+    f.only(&["fingerprint", "keyed_for"])?;
     let fp = f
         .fingerprint
         .as_deref()
@@ -403,7 +427,17 @@ fn actor_secret(f: &Fields) -> Result<Record, String> {
             "fingerprint must be {FINGERPRINT_HEX} lower-case hex digits (as export writes it), not {fp:?}"
         ));
     }
-    Ok(Record::ActorSecret(fp.to_string()))
+    let keyed_for = match f.keyed_for.as_deref() {
+        None => None,
+        Some(t) => {
+            crate::tenant::validate_tenant(t).map_err(|e| format!("keyed_for: {e}"))?;
+            Some(t.to_string())
+        }
+    };
+    Ok(Record::ActorSecret(ActorSecret {
+        fingerprint: fp.to_string(),
+        keyed_for,
+    }))
 }
 
 /// A mark: `ever` (no day; `counted`, or `retracting` since a time) or
@@ -960,11 +994,18 @@ mod tests {
                 ..
             }))
         ));
-        let fp = actor_secret_line("0123456789abcdef");
-        assert_eq!(
-            parse(fp.trim_end(), &rules()),
-            Ok(Record::ActorSecret("0123456789abcdef".into()))
-        );
+        for keyed_for in [None, Some("acme")] {
+            let fp = actor_secret_line("0123456789abcdef", keyed_for);
+            assert_eq!(
+                parse(fp.trim_end(), &rules()),
+                Ok(Record::ActorSecret(ActorSecret {
+                    fingerprint: "0123456789abcdef".into(),
+                    keyed_for: keyed_for.map(str::to_string),
+                }))
+            );
+        }
+        let bad = r#"{"kind":"actor_secret","fingerprint":"0123456789abcdef","keyed_for":"No Such/Tenant"}"#;
+        assert!(parse(bad, &rules()).unwrap_err().starts_with("keyed_for"));
     }
 
     #[test]

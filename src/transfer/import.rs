@@ -19,6 +19,10 @@
 //! keyed with another secret than the store's gateways use is refused
 //! there, before anything is applied (`--skip-marks` imports it without
 //! its marks). `day` marks past the retention are left out and counted.
+//! Marks of a file from before marks were keyed for their tenant (its
+//! record has no `keyed_for`) are brought to the tenant as they are read
+//! (`ActorKey::rekey`); a resumed import does so again from the record,
+//! which it reads again whatever line it resumes after.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -384,8 +388,11 @@ impl Run<'_> {
 /// What the import has seen of marks and of their secret.
 #[derive(Default)]
 struct Marks {
-    /// The fingerprint admitted.
-    fingerprint: Option<String>,
+    /// The `actor_secret` record admitted.
+    fingerprint: Option<format::ActorSecret>,
+    /// What brings the file's marks to the tenant, when they are of the
+    /// first keying.
+    rekey: Option<crate::domain::ActorKey>,
     /// A mark was read.
     any: bool,
     /// The warning for marks without a fingerprint was given.
@@ -397,7 +404,7 @@ impl Marks {
     /// one must say the same), before any mark.
     async fn admit(
         &mut self,
-        fp: &str,
+        fp: &format::ActorSecret,
         line: u64,
         raw: &str,
         options: &Options,
@@ -417,7 +424,10 @@ impl Marks {
             Some(seen) if seen == fp => return Ok(()),
             Some(seen) => {
                 return Err(refuse(
-                    format!("a second actor_secret record names fingerprint {fp}, the first {seen}: the marks of one file are keyed with one secret"),
+                    format!(
+                        "a second actor_secret record names fingerprint {} (keyed for {:?}), the first {} (keyed for {:?}): the marks of one file are keyed one way",
+                        fp.fingerprint, fp.keyed_for, seen.fingerprint, seen.keyed_for
+                    ),
                     run,
                 ))
             }
@@ -429,7 +439,7 @@ impl Marks {
             }
             None => {}
         }
-        options
+        self.rekey = options
             .secret
             .admit(fp)
             .await
@@ -438,7 +448,7 @@ impl Marks {
             // A file of set-aside marks is checked as this one was.
             skip.put(raw)?;
         }
-        self.fingerprint = Some(fp.to_string());
+        self.fingerprint = Some(fp.clone());
         Ok(())
     }
 
@@ -573,7 +583,7 @@ pub async fn read_all<R: AsyncBufRead + Unpin>(
             }
             other => other,
         };
-        let record = match record {
+        let mut record = match record {
             Ok(r) => r,
             Err(reason) => {
                 let first = if pending.records() == 0 {
@@ -607,6 +617,11 @@ pub async fn read_all<R: AsyncBufRead + Unpin>(
             }
             Record::Mark(_) => marks.seen(line_no, &run),
             _ => {}
+        }
+        if let (Record::Mark(m), Some(k)) = (&mut record, &marks.rekey) {
+            m.mark = k
+                .rekey(m.mark)
+                .ok_or("bringing marks to the tenant without a secret")?;
         }
         let days = match &record {
             Record::Counter(c) => c.days.len(),

@@ -9,7 +9,9 @@
 //! `migrate` reads the embedded store's (`--actor-secret`, else
 //! `<data-dir>/actor-secret`), refuses a cluster that recorded another one,
 //! records its fingerprint on every tenant it copies marks of, and ends by
-//! saying what every gateway on the cluster must be started with.
+//! saying what every gateway on the cluster must be started with. With the
+//! secret, it first brings each embedded tenant's marks to the tenant's
+//! keying, as that tenant's gateway would at its next start.
 
 use std::cmp::Ordering;
 use std::collections::VecDeque;
@@ -415,6 +417,8 @@ pub struct MarkCopy {
     pub fingerprint: Option<String>,
     /// What the cluster's side checks it against (and records it in).
     pub check: SecretCheck,
+    /// The tenant copied.
+    pub tenant: String,
 }
 
 /// Copies one tenant: `from` exported into an in-memory pipe that `to`
@@ -433,6 +437,7 @@ pub async fn copy(
         from_day: rules.oldest_day(),
         marks: marks.marks,
         fingerprint: marks.fingerprint.clone(),
+        tenant: marks.tenant.clone(),
     };
     let exporting = async move {
         let done = export::write(from, &mut writer, &what, &hidden).await;
@@ -533,9 +538,19 @@ pub async fn run_with(
     };
     // The embedded store's secret: given, else its file (read, never made).
     let marks = !secret.skip_marks;
+    let existing = crate::actors::existing_embedded_secret(&args.data_dir)?;
+    // What brings marks of the first keying (an embedded store an earlier
+    // version wrote) to their tenant as they are copied.
+    let key = match secret.actor_secret.as_deref() {
+        Some(s) => Some(
+            crate::domain::ActorKey::new(s.as_bytes())
+                .map_err(|e| format!("--actor-secret: {e}"))?,
+        ),
+        None => existing.clone(),
+    };
     let (fingerprint, source) = match given_fingerprint(secret.actor_secret.as_deref())? {
         Some(fp) => (Some(fp), Some(Source::Given)),
-        None => match crate::actors::existing_embedded_secret(&args.data_dir)? {
+        None => match existing.clone() {
             Some(k) => (
                 k.fingerprint(),
                 Some(Source::File(
@@ -589,6 +604,14 @@ pub async fn run_with(
     };
     for tenant in &names {
         let from = open_embedded(args, tenant, false, clock.clone())?;
+        // As its gateway would at its next start: marks an earlier version
+        // keyed without the tenant are brought to it first, so that what
+        // is copied and what is verified are keyed alike.
+        if let (true, Some(k)) = (marks, &key) {
+            from.key_marks(&k.for_tenant(tenant))
+                .await
+                .map_err(|e| format!("tenant {tenant}: {e}"))?;
+        }
         let to = std::sync::Arc::new(
             open_elasticsearch(args, tenant, false, clock.clone())
                 .await?
@@ -603,7 +626,9 @@ pub async fn run_with(
             check: SecretCheck::Cluster {
                 store: to.clone(),
                 given: None,
+                key: key.clone(),
             },
+            tenant: tenant.clone(),
         };
         let copied = copy(&from, &*to, &rules, &how, &bar).await;
         bar.finish_and_clear();

@@ -127,6 +127,7 @@ enum Opened {
     Embedded {
         store: Arc<SqliteStore>,
         data_dir: PathBuf,
+        tenant: String,
     },
     /// A tenant on Elasticsearch.
     Cluster(Arc<ElasticsearchStore>),
@@ -144,13 +145,17 @@ impl Opened {
     fn secret_check(&self, given: Option<&str>) -> secret::SecretCheck {
         let given = given.map(str::to_string);
         match self {
-            Opened::Embedded { data_dir, .. } => secret::SecretCheck::Embedded {
+            Opened::Embedded {
+                data_dir, tenant, ..
+            } => secret::SecretCheck::Embedded {
                 data_dir: data_dir.clone(),
+                tenant: tenant.clone(),
                 given,
             },
             Opened::Cluster(store) => secret::SecretCheck::Cluster {
                 store: store.clone(),
                 given,
+                key: None,
             },
         }
     }
@@ -199,6 +204,7 @@ async fn open_store(
     args: &StoreArgs,
     tenant: &str,
     writing: bool,
+    given: Option<&str>,
     clock: Clock,
 ) -> Result<Opened, String> {
     validate_tenant(tenant).map_err(|e| format!("--tenant: {e}"))?;
@@ -206,16 +212,54 @@ async fn open_store(
     crate::store::sqlite::set_memory_budget(args.sqlite_memory_budget);
     match open_elasticsearch(args, tenant, writing, clock.clone()).await? {
         Some(es) => Ok(Opened::Cluster(Arc::new(es))),
-        None => Ok(Opened::Embedded {
-            store: Arc::new(open_embedded(args, tenant, writing, clock)?),
-            data_dir: args.data_dir.clone(),
-        }),
+        None => {
+            let store = open_embedded(args, tenant, writing, clock)?;
+            key_embedded_marks(&store, &args.data_dir, tenant, given).await?;
+            Ok(Opened::Embedded {
+                store: Arc::new(store),
+                data_dir: args.data_dir.clone(),
+                tenant: tenant.to_string(),
+            })
+        }
     }
+}
+
+/// Brings an embedded store's marks to its tenant's keying (as its gateway
+/// does when it opens it) when their secret is known here: `given`
+/// (`--actor-secret`), else the data directory's. Unknown, they are left,
+/// and an export says they are of the first keying.
+pub async fn key_embedded_marks(
+    store: &SqliteStore,
+    data_dir: &Path,
+    tenant: &str,
+    given: Option<&str>,
+) -> Result<(), String> {
+    let key = match given {
+        Some(s) => Some(
+            crate::domain::ActorKey::new(s.as_bytes())
+                .map_err(|e| format!("--actor-secret: {e}"))?,
+        ),
+        None => crate::actors::existing_embedded_secret(data_dir)?,
+    };
+    if let Some(k) = key {
+        store
+            .key_marks(&k.for_tenant(tenant))
+            .await
+            .map_err(|e| format!("tenant {tenant}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// `counter-gateway export`.
 pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
-    let opened = open_store(&args.store, &args.tenant, false, clock.clone()).await?;
+    let opened = open_store(
+        &args.store,
+        &args.tenant,
+        false,
+        args.secret.actor_secret.as_deref(),
+        clock.clone(),
+    )
+    .await?;
     let store = opened.store();
     let rules = format::Rules {
         now: clock.now(),
@@ -233,6 +277,7 @@ pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
         from_day: rules.oldest_day(),
         marks,
         fingerprint,
+        tenant: args.tenant.clone(),
     };
     let bar = progress(Unit::Records);
     let started = std::time::Instant::now();
@@ -289,7 +334,14 @@ pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
 
 /// `counter-gateway import`.
 pub async fn run_import(args: ImportArgs, clock: Clock) -> Result<(), String> {
-    let opened = open_store(&args.store, &args.tenant, true, clock.clone()).await?;
+    let opened = open_store(
+        &args.store,
+        &args.tenant,
+        true,
+        args.secret.actor_secret.as_deref(),
+        clock.clone(),
+    )
+    .await?;
     let store = opened.store();
     let rules = format::Rules {
         now: clock.now(),

@@ -12,10 +12,19 @@
 //!   (by an earlier `migrate` or `import`) and `--actor-secret`, if given,
 //!   must be the file's; then it is recorded, and every gateway on the
 //!   cluster checks its own secret against it at start.
+//!
+//! Marks are also keyed for their tenant (`crate::domain::actor`), which
+//! the record names (`keyed_for`). Marks keyed for another tenant than the
+//! one imported into can never be brought to it (that needs the actors):
+//! refused. Marks of a file without `keyed_for` (an export of an earlier
+//! version) are of the first keying, and are brought to the tenant as they
+//! are imported, with the secret (which the import then needs: the data
+//! directory's, or `--actor-secret`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::format::ActorSecret;
 use crate::actors::{existing_embedded_secret, keep_embedded_secret, SECRET_FILE};
 use crate::domain::ActorKey;
 use crate::store::elasticsearch::ElasticsearchStore;
@@ -26,16 +35,19 @@ pub enum SecretCheck {
     /// Nothing: any fingerprint is admitted (a store whose gateways'
     /// secret is not known here).
     Unchecked,
-    /// An embedded store whose data directory is `data_dir`; `given` is the
-    /// import's `--actor-secret`.
+    /// Tenant `tenant` of the embedded store whose data directory is
+    /// `data_dir`; `given` is the import's `--actor-secret`.
     Embedded {
         data_dir: PathBuf,
+        tenant: String,
         given: Option<String>,
     },
-    /// A tenant on Elasticsearch; `given` is the import's `--actor-secret`.
+    /// A tenant on Elasticsearch; `given` is the import's `--actor-secret`,
+    /// `key` the secret `migrate` read (to bring marks to the tenant).
     Cluster {
         store: Arc<ElasticsearchStore>,
         given: Option<String>,
+        key: Option<ActorKey>,
     },
 }
 
@@ -68,12 +80,57 @@ fn mismatch(file: &str, source: &str, theirs: &str) -> String {
 }
 
 impl SecretCheck {
+    /// Admits the marks of a file whose `actor_secret` record is `file`, or
+    /// says why not; may record the fingerprint (see the module doc). The
+    /// answer is the key to bring each mark to the tenant with
+    /// (`ActorKey::rekey`), for marks of the first keying.
+    pub async fn admit(&self, file: &ActorSecret) -> Result<Option<ActorKey>, String> {
+        self.admit_secret(&file.fingerprint).await?;
+        let tenant = match self {
+            SecretCheck::Unchecked => return Ok(None),
+            SecretCheck::Embedded { tenant, .. } => tenant.as_str(),
+            SecretCheck::Cluster { store, .. } => store.config().names.tenant(),
+        };
+        match &file.keyed_for {
+            Some(t) if t == tenant => Ok(None),
+            Some(t) => Err(format!(
+                "the file's marks are keyed for tenant {t} (the tenant is in their hash), and this import goes to tenant {tenant}: under it they would never match an actor again (every actor would count once more). Import into tenant {t}"
+            )),
+            None => self.rekeying_key(tenant).map(Some),
+        }
+    }
+
+    /// The secret that marks of the first keying are brought to `tenant`
+    /// with: the one [`SecretCheck::admit_secret`] checked them against.
+    fn rekeying_key(&self, tenant: &str) -> Result<ActorKey, String> {
+        let given = |g: &Option<String>| -> Result<Option<ActorKey>, String> {
+            g.as_deref()
+                .map(|s| ActorKey::new(s.as_bytes()).map_err(|e| format!("--actor-secret: {e}")))
+                .transpose()
+        };
+        let key = match self {
+            SecretCheck::Unchecked => None,
+            SecretCheck::Embedded {
+                data_dir, given: g, ..
+            } => match given(g)? {
+                Some(k) => Some(k),
+                None => existing_embedded_secret(data_dir)?,
+            },
+            SecretCheck::Cluster { given: g, key, .. } => given(g)?.or_else(|| key.clone()),
+        };
+        key.map(|k| k.for_tenant(tenant)).ok_or_else(|| {
+            "the file's marks were keyed before marks were keyed for their tenant (an export of an earlier version: its actor_secret record has no keyed_for), and bringing them to the tenant needs their secret: give it as --actor-secret".to_string()
+        })
+    }
+
     /// Admits marks keyed with the secret of fingerprint `file`, or says
     /// why not. May record it (see the module doc).
-    pub async fn admit(&self, file: &str) -> Result<(), String> {
+    async fn admit_secret(&self, file: &str) -> Result<(), String> {
         match self {
             SecretCheck::Unchecked => Ok(()),
-            SecretCheck::Embedded { data_dir, given } => {
+            SecretCheck::Embedded {
+                data_dir, given, ..
+            } => {
                 let path = data_dir.join(SECRET_FILE);
                 if let Some(g) = given_fingerprint(given.as_deref())? {
                     if g != file {
@@ -102,7 +159,7 @@ impl SecretCheck {
                     )),
                 }
             }
-            SecretCheck::Cluster { store, given } => {
+            SecretCheck::Cluster { store, given, .. } => {
                 if let Some(g) = given_fingerprint(given.as_deref())? {
                     if g != file {
                         return Err(mismatch(file, "--actor-secret", &g));

@@ -178,6 +178,12 @@ impl TestApp {
             Some(s) => ActorKey::new(s.as_bytes()).expect("a test actor secret"),
             None => counter_gateway::actors::embedded_secret(dir.path()).expect("actor secret"),
         };
+        // As `serve` does before anything writes: the default tenant's marks
+        // brought to its keying.
+        store
+            .key_marks(&actor_key)
+            .await
+            .expect("the default tenant's actor marks");
         let actor_limits = ActorLimits::parse(&options.actor_limits).expect("test actor limits");
         let tenants = Arc::new(Tenants::start(
             store,

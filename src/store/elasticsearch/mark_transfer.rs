@@ -18,7 +18,9 @@
 //!
 //! The fingerprint (`ActorKey::fingerprint`) is recorded in the `_meta` of
 //! the tenant's `actor_marks` index by `migrate` and `import`; the gateway
-//! reads every tenant's at start and refuses a secret of another one.
+//! reads every tenant's at start and refuses a secret of another one. The
+//! same `_meta` records which tenant the marks are keyed for
+//! (`mark_keying`).
 
 use std::sync::atomic::Ordering;
 
@@ -310,6 +312,9 @@ impl ElasticsearchStore {
         if marks.is_empty() {
             return Ok(());
         }
+        // Imported marks are of this tenant's keying (an older file's were
+        // brought to it as they were read): never mixed with older ones.
+        self.ensure_marks_keyed().await?;
         let names = &self.config.names;
         if marks.iter().any(|m| m.day.is_none()) {
             self.ensure_marks_index().await?;
@@ -339,7 +344,7 @@ impl ElasticsearchStore {
     /// Creates this tenant's `actor_marks` index once per store (a flush
     /// of likes has the template create it; an import or a recorded
     /// fingerprint may come first).
-    async fn ensure_marks_index(&self) -> Result<(), StoreError> {
+    pub(super) async fn ensure_marks_index(&self) -> Result<(), StoreError> {
         if self.marks_index_ready.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -375,21 +380,10 @@ impl ElasticsearchStore {
         }
     }
 
-    /// Records `fingerprint` as the one this tenant's marks are keyed with.
+    /// Records `fingerprint` as the one this tenant's marks are keyed with
+    /// (beside their keying, which the `_meta` keeps).
     pub async fn record_fingerprint(&self, fingerprint: &str) -> Result<(), StoreError> {
-        self.ensure_marks_index().await?;
-        let index = self.config.names.actor_marks();
-        let body = serde_json::to_vec(&json!({"_meta": {FINGERPRINT_META: fingerprint}}))
-            .map_err(|e| StoreError::Internal(e.to_string()))?;
-        self.call_ok(
-            Method::Put,
-            &format!("/{index}/_mapping"),
-            &[],
-            Some(body),
-            &format!("recording the actor secret's fingerprint on {index}"),
-        )
-        .await?;
-        Ok(())
+        self.set_marks_meta(FINGERPRINT_META, fingerprint).await
     }
 
     /// Every fingerprint recorded under this prefix, as (index, fingerprint),

@@ -203,6 +203,13 @@ fn forget_registered(failed: bool, claim: Option<&Claim>, fate: Option<Fate>) ->
 impl ElasticsearchStore {
     /// A flush with events that carry `unique`: steps 1 to 3 of the module doc.
     pub(super) async fn apply_marked(&self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
+        // Before this version's first mark on this tenant: its marks are
+        // recorded as keyed for it, or refused (see `mark_keying`).
+        if !self.marks_keyed.load(std::sync::atomic::Ordering::Relaxed) {
+            self.ensure_marks_keyed().await?;
+            self.marks_keyed
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let now_ms = self.clock.now_ms();
         let token = new_token();
         let prefix = self.config.names.prefix();

@@ -62,6 +62,7 @@ mod backfill;
 mod client;
 pub mod config;
 pub mod indices;
+mod mark_keying;
 mod mark_transfer;
 mod marks;
 pub mod pool;
@@ -112,6 +113,9 @@ pub struct ElasticsearchStore {
     mark_months: std::sync::Mutex<std::collections::BTreeSet<indices::Month>>,
     /// This tenant's `actor_marks` index made sure of (`mark_transfer`).
     marks_index_ready: std::sync::atomic::AtomicBool,
+    /// This tenant's marks are recorded as keyed for it (`mark_keying`):
+    /// checked before its first flush with marks.
+    marks_keyed: std::sync::atomic::AtomicBool,
 }
 
 impl ElasticsearchStore {
@@ -130,6 +134,7 @@ impl ElasticsearchStore {
             mapped_for_sets: Default::default(),
             mark_months: Default::default(),
             marks_index_ready: Default::default(),
+            marks_keyed: Default::default(),
         })
     }
 
@@ -185,6 +190,7 @@ impl ElasticsearchStore {
             mapped_for_sets: Default::default(),
             mark_months: Default::default(),
             marks_index_ready: Default::default(),
+            marks_keyed: Default::default(),
         })
     }
 }
@@ -292,5 +298,23 @@ impl Store for ElasticsearchStore {
 
     async fn import(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError> {
         self.import_es(batch).await
+    }
+
+    async fn key_marks(&self, key: &crate::domain::ActorKey) -> Result<u64, StoreError> {
+        if key.tenant() != self.config.names.tenant() {
+            return Err(StoreError::Internal(format!(
+                "marks of tenant {:?} keyed for tenant {:?}",
+                self.config.names.tenant(),
+                key.tenant()
+            )));
+        }
+        // Checked only: the record is written with the tenant's first mark
+        // (a tenant that never counts an actor gets no mark index).
+        self.check_marks_keyed().await?;
+        Ok(0)
+    }
+
+    async fn mark_keying(&self) -> Result<super::MarkKeying, StoreError> {
+        self.mark_keying_es().await
     }
 }

@@ -21,14 +21,23 @@
 //! mark: `export` lists marks with their counter's key, and a hash cannot be
 //! read back. A store whose marks predate this table gets its rows once, at
 //! open ([`backfill_keys`]).
+//!
+//! `actor_mark_keying (id = 1, tenant)` records which keying the marks have
+//! (see `crate::domain::actor`): `NULL`, the first one, without the tenant
+//! (what a store written by an earlier version holds); `''`, none yet (the
+//! store had no mark when this version first opened it: every mark is of
+//! the tenant it serves); else the tenant they are keyed for. The row is
+//! written at open ([`note_keying`]), before anything could write a mark;
+//! a gateway then brings the marks to its tenant ([`key_for_tenant`]):
+//! once, in one transaction, and never again (the row says so).
 
 use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection};
 
-use super::internal;
-use crate::domain::{CounterKey, Increment, Mark, Scope};
-use crate::store::{ActorMark, MarkState, StoreError};
+use super::{internal, internal_msg};
+use crate::domain::{ActorKey, CounterKey, Increment, Mark, Scope};
+use crate::store::{ActorMark, MarkKeying as Keying, MarkState, StoreError};
 
 /// Created with the rest of the schema when a store opens.
 pub(super) const SCHEMA: &str = "
@@ -49,7 +58,148 @@ CREATE TABLE IF NOT EXISTS actor_mark_keys (
     action TEXT NOT NULL,
     uuid   TEXT NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS actor_mark_keying (
+    id     INTEGER PRIMARY KEY CHECK (id = 1),
+    tenant TEXT
+);
 ";
+
+/// Records, at open, the keying of a store that has no record yet: the
+/// first one if it holds marks (only an earlier version can have written
+/// them, since this row is written before any write), none otherwise.
+pub(super) fn note_keying(tx: &Connection) -> Result<(), StoreError> {
+    let any = |sql: &str| -> Result<bool, StoreError> {
+        tx.prepare(sql)
+            .and_then(|mut s| s.exists([]))
+            .map_err(internal)
+    };
+    if any("SELECT 1 FROM actor_mark_keying")? {
+        return Ok(());
+    }
+    let old =
+        any("SELECT 1 FROM actor_marks LIMIT 1")? || any("SELECT 1 FROM actor_day_marks LIMIT 1")?;
+    tx.execute(
+        "INSERT INTO actor_mark_keying (id, tenant) VALUES (1, ?1)",
+        [if old { None } else { Some("") }],
+    )
+    .map_err(internal)?;
+    Ok(())
+}
+
+/// The keying of the store's marks.
+pub(super) fn keying(conn: &Connection) -> Result<Keying, StoreError> {
+    let tenant: Option<String> = conn
+        .query_row(
+            "SELECT tenant FROM actor_mark_keying WHERE id = 1",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(internal)?;
+    Ok(match tenant {
+        None => Keying::Untenanted,
+        Some(t) if t.is_empty() => Keying::Unbound,
+        Some(t) => Keying::Tenant(t),
+    })
+}
+
+/// Brings the marks to the keying of `key`'s tenant, in one transaction
+/// (all of them or none) that records it; returns how many were rekeyed.
+/// Marks of the first keying are rewritten in place with
+/// [`ActorKey::rekey`] (without a secret they are left, and `unique` is
+/// refused anyway); a store keyed for the tenant already costs one read.
+/// Marks keyed for another tenant (a directory copied under another
+/// name) cannot be brought to this one: refused, naming both.
+pub(super) fn key_for_tenant(conn: &mut Connection, key: &ActorKey) -> Result<u64, StoreError> {
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(internal)?;
+    let tenant = key.tenant();
+    let mut rekeyed = 0;
+    match keying(&tx)? {
+        Keying::Tenant(t) if t == tenant => return Ok(0),
+        Keying::Tenant(t) => {
+            return Err(StoreError::Internal(format!(
+                "the actor marks of this store are keyed for tenant {t:?}, and it is opened as tenant {tenant:?}: under this tenant they would never match an actor again (every actor would count once more). Serve it as tenant {t:?}"
+            )))
+        }
+        Keying::Untenanted if !key.is_set() => return Ok(0),
+        Keying::Untenanted => {
+            for (table, columns) in [
+                ("actor_marks", "ckey, mark"),
+                ("actor_day_marks", "day, ckey, mark"),
+            ] {
+                rekeyed += rekey_table(&tx, key, table, columns)?;
+            }
+        }
+        Keying::Unbound => {}
+    }
+    tx.execute(
+        "UPDATE actor_mark_keying SET tenant = ?1 WHERE id = 1",
+        [tenant],
+    )
+    .map_err(internal)?;
+    tx.commit().map_err(internal)?;
+    Ok(rekeyed)
+}
+
+/// Rewrites every mark of `table` (whose columns are `columns`, the mark
+/// last) with [`ActorKey::rekey`]: into a new table of the same schema,
+/// which then takes the old one's place, so that no row is read after
+/// being rewritten.
+fn rekey_table(
+    tx: &Connection,
+    key: &ActorKey,
+    table: &str,
+    columns: &str,
+) -> Result<u64, StoreError> {
+    let old = format!("{table}_untenanted");
+    tx.execute_batch(&format!("ALTER TABLE {table} RENAME TO {old};"))
+        .map_err(internal)?;
+    tx.execute_batch(SCHEMA).map_err(internal)?;
+    let n = columns.split(", ").count();
+    let marks_at = n - 1;
+    let placeholders: Vec<String> = (1..=n).map(|i| format!("?{i}")).collect();
+    let mut insert = tx
+        .prepare(&format!(
+            "INSERT OR IGNORE INTO {table} ({columns}) VALUES ({})",
+            placeholders.join(", ")
+        ))
+        .map_err(internal)?;
+    let mut read = tx
+        .prepare(&format!("SELECT {columns} FROM {old}"))
+        .map_err(internal)?;
+    let mut rows = read.query([]).map_err(internal)?;
+    let mut done = 0;
+    while let Some(r) = rows.next().map_err(internal)? {
+        let mut values: Vec<rusqlite::types::Value> = (0..n)
+            .map(|i| r.get(i))
+            .collect::<Result<_, _>>()
+            .map_err(internal)?;
+        let rusqlite::types::Value::Blob(bytes) = &values[marks_at] else {
+            return Err(internal_msg(&format!("a mark in {table} is no blob")));
+        };
+        let old_mark = Mark(
+            bytes
+                .as_slice()
+                .try_into()
+                .map_err(|_| internal_msg(&format!("a mark in {table} is not 16 bytes")))?,
+        );
+        let new_mark = key
+            .rekey(old_mark)
+            .ok_or_else(|| internal_msg("rekeying marks without a secret"))?;
+        values[marks_at] = rusqlite::types::Value::Blob(new_mark.0.to_vec());
+        insert
+            .execute(rusqlite::params_from_iter(values))
+            .map_err(internal)?;
+        done += 1;
+    }
+    drop(rows);
+    drop(read);
+    drop(insert);
+    tx.execute_batch(&format!("DROP TABLE {old};"))
+        .map_err(internal)?;
+    Ok(done)
+}
 
 /// Day marks deleted per statement of the background retention, each its
 /// own transaction (as buckets are).
@@ -354,7 +504,7 @@ pub(super) fn expire(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{ActorKey, Kind, Unique};
+    use crate::domain::{Kind, Unique};
 
     const DAY: i64 = 21_974;
 
@@ -387,6 +537,51 @@ mod tests {
         let repeats = claim(c, events, &mut skip).unwrap();
         assert_eq!(repeats as usize, skip.iter().filter(|s| **s).count());
         skip.iter().map(|s| !s).collect()
+    }
+
+    #[test]
+    fn marks_of_the_first_keying_are_rekeyed_once_for_one_tenant() {
+        let mut c = db();
+        let secret = ActorKey::new(b"0123456789abcdef").unwrap();
+        let key = CounterKey::new("ARTICLE", "like", "a1").unwrap();
+        let old = secret.untenanted_mark(&key, "alice").unwrap();
+        c.execute(
+            "INSERT INTO actor_marks (ckey, mark) VALUES (?1, ?2)",
+            params![&ckey(&key)[..], &old.0[..]],
+        )
+        .unwrap();
+        c.execute(
+            "INSERT INTO actor_day_marks (day, ckey, mark) VALUES (?1, ?2, ?3)",
+            params![DAY, &ckey(&key)[..], &old.0[..]],
+        )
+        .unwrap();
+        note_keying(&c).unwrap();
+        note_keying(&c).unwrap();
+        assert_eq!(keying(&c).unwrap(), Keying::Untenanted);
+        // Without a secret nothing changes (unique is refused anyway).
+        assert_eq!(key_for_tenant(&mut c, &ActorKey::none()).unwrap(), 0);
+        assert_eq!(keying(&c).unwrap(), Keying::Untenanted);
+        let acme = secret.for_tenant("acme");
+        assert_eq!(key_for_tenant(&mut c, &acme).unwrap(), 2);
+        assert_eq!(keying(&c).unwrap(), Keying::Tenant("acme".into()));
+        assert_eq!(key_for_tenant(&mut c, &acme).unwrap(), 0, "once");
+        let stored: Vec<Vec<u8>> = c
+            .prepare("SELECT mark FROM actor_marks UNION ALL SELECT mark FROM actor_day_marks")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let new = acme.mark(&key, "alice").unwrap();
+        assert_eq!(stored, vec![new.0.to_vec(), new.0.to_vec()]);
+        let e = key_for_tenant(&mut c, &secret.for_tenant("globex")).unwrap_err();
+        assert!(e.to_string().contains("\"acme\""), "{e}");
+        // A store without marks is bound to the first tenant that keys it.
+        let mut fresh = db();
+        note_keying(&fresh).unwrap();
+        assert_eq!(keying(&fresh).unwrap(), Keying::Unbound);
+        assert_eq!(key_for_tenant(&mut fresh, &acme).unwrap(), 0);
+        assert_eq!(keying(&fresh).unwrap(), Keying::Tenant("acme".into()));
     }
 
     #[test]

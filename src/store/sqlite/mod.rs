@@ -618,6 +618,26 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn key_marks(&self, key: &crate::domain::ActorKey) -> Result<u64, StoreError> {
+        let key = key.clone();
+        let path = self.path.clone();
+        let rekeyed = self
+            .with_writer(move |w| marks::key_for_tenant(&mut w.conn, &key))
+            .await
+            .map_err(|e| match e {
+                StoreError::Internal(m) => StoreError::Internal(format!("{}: {m}", path.display())),
+                other => other,
+            })?;
+        if rekeyed > 0 {
+            tracing::info!(marks = rekeyed, path = %self.path.display(), "keyed the actor marks of an earlier version for their tenant");
+        }
+        Ok(rekeyed)
+    }
+
+    async fn mark_keying(&self) -> Result<super::MarkKeying, StoreError> {
+        self.with_reader(marks::keying).await
+    }
+
     /// One transaction on the writer (between two flushes, as a backfill),
     /// then an fsync of its own: answered only once durable.
     async fn import(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError> {

@@ -19,7 +19,9 @@ use crate::store::StoreError;
 /// 6: the window totals as two tables, the windows ending today and those
 /// ending tomorrow, and what memory holds of them (`windows`), rebuilt
 /// from `buckets` at open; version 5's `window_sums` and `bucket_log` go.
-const SCHEMA_VERSION: i64 = 6;
+/// 7: actor marks keyed for their tenant (`marks::note_keying`): an older
+/// build would key its marks without the tenant, never matching these.
+const SCHEMA_VERSION: i64 = 7;
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS counters (
@@ -89,6 +91,7 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
     tx.execute_batch(&windows::schema()).map_err(internal)?;
     tx.execute_batch(marks::SCHEMA).map_err(internal)?;
     let named = marks::backfill_keys(&tx)?;
+    marks::note_keying(&tx)?;
     if named > 0 {
         tracing::info!(counters = named, path = %path.display(), "named the counters of actor marks made by an earlier version");
     }
