@@ -147,7 +147,7 @@ else
   fi
 fi
 rm -f "$cluster_log"
-echo "three-node cluster stage: $((SECONDS - cluster_t0)) s wall time (limit 600)"
+echo "three-node cluster stage: $((SECONDS - cluster_t0)) s wall time (budget 600)"
 if [ $((SECONDS - cluster_t0)) -ge 600 ]; then
   # A budget for CI's time, not a test: a slow machine is told, not failed.
   echo "three-node cluster stage: WARNING, over its 10-minute budget"
