@@ -7,6 +7,7 @@
 #   DURATION=30s CONNECTIONS=256 scripts/bench.sh
 #   BENCH_ONLY=es scripts/bench.sh   # only the Elasticsearch write path (local sink)
 #   BENCH_ONLY=node scripts/bench.sh # only the Elasticsearch store on a real OpenSearch node
+#   NODE_KEYS=10000 NODE_CONNECTIONS=2048 BENCH_ONLY=node scripts/bench.sh # one of its cells
 #   BENCH_ONLY=embedded scripts/bench.sh # only the embedded store's table (SPEC §5 ratios)
 #   BENCH_BIN=path/to/counter-gateway scripts/bench.sh # measure another build
 set -euo pipefail
@@ -40,7 +41,7 @@ BENCH_OUT=${BENCH_OUT:-target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  mkdir -p "$BENCH_OUT" && cp "$work"/wrk-*.txt "$work"/cpu-*.txt "$work"/table.txt "$BENCH_OUT"/ 2>/dev/null || true
+  mkdir -p "$BENCH_OUT" && cp "$work"/wrk-*.txt "$work"/cpu-*.txt "$work"/table.txt "$work"/node-table.txt "$BENCH_OUT"/ 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -206,11 +207,18 @@ fi
 # throughput when the store answers fast; not Elasticsearch's throughput.
 # --- The Elasticsearch store on a real node (OpenSearch 2.19, scripts/opensearch.sh):
 # the gateway against the straightforward way of counting in Elasticsearch,
-# one scripted _update per event sent straight to the node
-# (scripts/bench/es_direct.lua), for Zipf single increments over 10,000 keys.
-# Totals are read back from the node after a refresh: "applied" may exceed
-# "acknowledged" by requests still in flight when the load stopped.
+# one scripted _update per event with retry_on_conflict sent straight to the
+# node (scripts/bench/es_direct.lua), and the embedded store beside them, for
+# Zipf (s = 1) single increments over each of NODE_KEYS keys at each of
+# NODE_CONNECTIONS connections. The gateway runs twice: with four bulks in
+# flight (--elasticsearch-bulks-in-flight 4), and with one at a time (the default).
+# Every row writes under a fresh index prefix or data directory. Totals are
+# read back from the node after a refresh (the embedded store: its flushed
+# increments): "applied" may exceed "acknowledged" by the requests in flight
+# when the load stopped, at most one per connection.
 if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = node ]; then
+  NODE_KEYS=${NODE_KEYS:-10000 1000000}
+  NODE_CONNECTIONS=${NODE_CONNECTIONS:-256 2048}
   if scripts/opensearch.sh start --pidfile "$work/os.pid" --parent-pid $$ >"$work/os.out" 2>"$work/os.err"; then
     node=$(awk -F= '/^OPENSEARCH_URL=/ {print $2}' "$work/os.out")
     pids+=("$(cat "$work/os.pid")")
@@ -221,46 +229,67 @@ if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = node ]; then
         python3 -c 'import json,sys; print(int(json.load(sys.stdin)["aggregations"]["v"]["value"]))'
     }
     acked() { awk '/requests in/ {r=$1} /Non-2xx or 3xx/ {b=$NF} END {print r - b}' "$work/wrk-$1.txt"; }
-    NO_COLOR=1 RUST_LOG=warn "$BIN" setup --elasticsearch-url "$node" --index-prefix bench-direct >/dev/null 2>&1
-    direct_out=$(wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" --latency -s scripts/bench/es_direct.lua "$node" -- bench-direct)
-    echo "$direct_out" >"$work/wrk-direct.txt"
-    direct_rps=$(echo "$direct_out" | awk '/Requests\/sec/ {print $2}')
-    direct_conflicts=$(echo "$direct_out" | awk '/^conflicts/ {print $2}')
-    direct_acked=$(echo "$direct_out" | awk '/^acknowledged/ {print $2}')
-    direct_applied=$(applied bench-direct)
-    node_gateway() { # label, events per request (1: single increments), extra serve flags...
-      local label=$1 per=$2; shift 2
+    metric() { echo "$1" | awk -v n="$2" '$1 == n {print $2}'; }
+    # direct LABEL KEYS CONNECTIONS: events/s, p99, items/event, acknowledged, applied.
+    direct() {
+      local label=$1 keys=$2 conns=$3
+      NO_COLOR=1 RUST_LOG=warn "$BIN" setup --elasticsearch-url "$node" --index-prefix "bench-$label" >/dev/null 2>&1
+      KEYS=$keys wrk -t "$THREADS" -c "$conns" -d "$DURATION" --latency -s scripts/bench/es_direct.lua "$node" \
+        -- "bench-$label" >"$work/wrk-$label.txt"
+      printf '%s %s 1.00 %s %s\n' "$(awk '/Requests\/sec/ {print $2}' "$work/wrk-$label.txt")" "$(p99 "$label")" \
+        "$(awk '/^acknowledged/ {print $2}' "$work/wrk-$label.txt")" "$(applied "bench-$label")"
+    }
+    # gateway LABEL KEYS CONNECTIONS SERVE-FLAGS...: the same figures for a
+    # gateway started with those flags (no --elasticsearch-url: the embedded store).
+    gateway() {
+      local label=$1 keys=$2 conns=$3; shift 3
       local gport; gport=$(free_port)
       NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$gport" --data-dir "$work/node-$label" \
-        --elasticsearch-url "$node" --index-prefix "bench-$label" "$@" >"$work/node-$label.log" 2>&1 &
+        --index-prefix "bench-$label" "$@" >"$work/node-$label.log" 2>&1 &
       local gpid=$!
       for _ in $(seq 200); do curl -sf "http://127.0.0.1:$gport/readyz" >/dev/null && break; sleep 0.1; done
-      local load=(); [ "$per" -gt 1 ] && load=(-- batch "$per")
-      local rps; rps=$(wrk_rps "node-$label" -s scripts/bench/zipf.lua "http://127.0.0.1:$gport" "${load[@]}")
+      local rps; rps=$(KEYS=$keys CONNECTIONS=$conns wrk_rps "$label" -s scripts/bench/zipf.lua "http://127.0.0.1:$gport")
       local m; m=$(curl -s "http://127.0.0.1:$gport/metrics")
       kill "$gpid"; wait "$gpid" 2>/dev/null || true
-      local inc items
-      inc=$(echo "$m" | awk '/^counter_gateway_flushed_increments_total/ {print $2}')
-      items=$(echo "$m" | awk '/^counter_gateway_store_writes_total/ {print $2}')
-      printf '%s %s %s %s %s\n' "$(awk -v r="$rps" -v p="$per" 'BEGIN {print r * p}')" "$inc" "$items" \
-        "$(awk -v a="$(acked "node-$label")" -v p="$per" 'BEGIN {print a * p}')" "$(applied "bench-$label")"
+      local inc items total
+      inc=$(metric "$m" counter_gateway_flushed_increments_total)
+      items=$(metric "$m" counter_gateway_store_writes_total)
+      case " $* " in
+        *" --elasticsearch-url "*) total=$(applied "bench-$label") ;;
+        *) total=${inc%.*} ;;
+      esac
+      printf '%s %s %s %s %s\n' "$rps" "$(p99 "$label")" "$(ratio "$items" "$inc")" "$(acked "$label")" "$total"
     }
-    read -r gw_rps gw_inc gw_items gw_acked gw_applied < <(node_gateway gw 1)
-    read -r gw2_rps gw2_inc gw2_items gw2_acked gw2_applied < <(node_gateway gw2ms 1 --flush-interval 2ms)
-    read -r gwb_rps gwb_inc gwb_items gwb_acked gwb_applied < <(node_gateway gwbatch 100)
-    printf '\nElasticsearch store on a real OpenSearch 2.19 node: Zipf single increments over 10k keys (%s, %s connections)\n' "$DURATION" "$CONNECTIONS"
-    printf '%-46s %9s %12s %12s %10s %10s\n' "load" "events/s" "acknowledged" "applied" "items/evt" "conflicts"
-    printf '%-46s %9.0f %12d %12d %10s %10d\n' "one scripted _update per event (direct)" "$direct_rps" "$direct_acked" "$direct_applied" "1.00" "$direct_conflicts"
-    printf '%-46s %9.0f %12d %12d %10s %10s\n' "gateway, default flush interval" "$gw_rps" "$gw_acked" "$gw_applied" "$(ratio "$gw_items" "$gw_inc")" "0"
-    printf '%-46s %9.0f %12d %12d %10s %10s\n' "gateway, --flush-interval 2ms" "$gw2_rps" "$gw2_acked" "$gw2_applied" "$(ratio "$gw2_items" "$gw2_inc")" "0"
-    printf '%-46s %9.0f %12d %12d %10s %10s\n' "gateway, POST /v1/events x100 (Zipf)" "$gwb_rps" "$gwb_acked" "$gwb_applied" "$(ratio "$gwb_items" "$gwb_inc")" "0"
-    printf '%-46s %9s\n' "gateway / direct events per second (goal 20x)" "$(ratio "$gw_rps" "$direct_rps")"
-    printf '%-46s %9s\n' "  with --flush-interval 2ms" "$(ratio "$gw2_rps" "$direct_rps")"
-    printf '%-46s %9s\n' "  batches of 100 events" "$(ratio "$gwb_rps" "$direct_rps")"
-    printf 'exact: every acknowledged increment applied, and at most %s more (in flight at the end): direct %s, gateway %s\n' \
-      "$CONNECTIONS" \
-      "$(awk -v a="$direct_acked" -v p="$direct_applied" -v c="$CONNECTIONS" 'BEGIN {print (p >= a && p <= a + c) ? "yes" : "NO"}')" \
-      "$(awk -v a="$gw_acked" -v p="$gw_applied" -v c="$CONNECTIONS" 'BEGIN {print (p >= a && p <= a + c) ? "yes" : "NO"}') (batches: applied $gwb_applied, acknowledged $gwb_acked)"
+    exact() { awk -v a="$1" -v p="$2" -v c="$3" 'BEGIN {print (p >= a && p <= a + c) ? "yes" : "NO"}'; }
+    {
+    printf '\nElasticsearch store on a real OpenSearch 2.19 node against per-event updates, and the embedded store:\n'
+    printf 'Zipf (s = 1) single increments, %s per load, %s wrk threads, %s cores\n' "$DURATION" "$THREADS" "$(nproc)"
+    printf '%9s %6s  %-36s %9s %9s %9s %12s %12s %6s %8s\n' "keys" "conns" "load" "events/s" "p99" "items/evt" "acknowledged" "applied" "exact" "x direct"
+    } | tee -a "$work/node-table.txt"
+    for keys in $NODE_KEYS; do
+      for conns in $NODE_CONNECTIONS; do
+        tag="$keys-$conns"
+        read -r d_rps d_p99 d_items d_acked d_applied < <(direct "direct-$tag" "$keys" "$conns")
+        rows=("per-event scripted _update (direct)|$d_rps $d_p99 $d_items $d_acked $d_applied")
+        read -r line < <(gateway "gw-$tag" "$keys" "$conns" --elasticsearch-url "$node" --elasticsearch-bulks-in-flight 4)
+        rows+=("gateway, 4 bulks in flight|$line")
+        read -r line < <(gateway "gw1-$tag" "$keys" "$conns" --elasticsearch-url "$node")
+        rows+=("gateway, one bulk at a time (default)|$line")
+        read -r line < <(gateway "emb-$tag" "$keys" "$conns")
+        rows+=("embedded store (fsync'd)|$line")
+        for row in "${rows[@]}"; do
+          name=${row%%|*}
+          read -r rps p99v items ack total <<<"${row#*|}"
+          printf '%9s %6s  %-36s %9.0f %9s %9s %12d %12d %6s %8s\n' "$keys" "$conns" "$name" "$rps" "$p99v" "$items" \
+            "$ack" "$total" "$(exact "$ack" "$total" "$conns")" "$(ratio "$rps" "$d_rps")"
+        done | tee -a "$work/node-table.txt"
+      done
+    done
+    {
+    printf 'exact: every acknowledged increment applied, and at most one more per connection (in flight when the load stopped)\n'
+    printf 'items/evt: bulk items (embedded: rows written) per increment, from the gateway'"'"'s metrics; direct sends one request per event\n'
+    printf 'x direct: events per second over the per-event row of the same keys and connections (goal: 20x at 2048 connections over 10,000 keys)\n'
+    } | tee -a "$work/node-table.txt"
     scripts/opensearch.sh stop --pidfile "$work/os.pid" >/dev/null 2>&1 || true
   else
     echo "real-node benchmark skipped: $(cat "$work/os.err" | tail -1)"

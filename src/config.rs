@@ -222,7 +222,7 @@ pub struct ServeArgs {
     pub store: StoreArgs,
 
     /// How long a flush waits for more requests once one has arrived (e.g. `0ms`, `5ms`).
-    /// Requests always gather while the previous flush runs.
+    /// Requests always gather while earlier flushes run.
     #[arg(long, env = "COUNTER_GATEWAY_FLUSH_INTERVAL", default_value = "0ms", value_parser = humantime::parse_duration)]
     pub flush_interval: Duration,
 

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::pipeline::SubmitError;
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreErrorKind};
 
 /// One bad event of a batch: where it is and what is wrong with it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
@@ -65,9 +65,16 @@ pub enum ApiError {
     /// exactly: clients rely on "nothing applied" versus "may have been
     /// applied". `detail` (the store's own words: SQLite or Elasticsearch
     /// messages, paths) goes to the log only, under a request id that the
-    /// answer names.
+    /// answer names. `kind` gives the status and `type`: busy 503
+    /// `store_busy`, full 507 `store_full`, read-only 500
+    /// `store_read_only`, corrupt 500 `store_corrupt`, any other 503
+    /// `unavailable`.
     #[error("{reason}")]
-    Store { reason: String, detail: String },
+    Store {
+        kind: StoreErrorKind,
+        reason: String,
+        detail: String,
+    },
     /// Too many requests from this client; retry after this many seconds.
     #[error("too many requests from this client; retry after {0} second(s)")]
     RateLimited(u64),
@@ -96,6 +103,14 @@ impl ApiError {
             ApiError::Overflow(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Store {
+                kind: StoreErrorKind::Full,
+                ..
+            } => StatusCode::INSUFFICIENT_STORAGE,
+            ApiError::Store {
+                kind: StoreErrorKind::ReadOnly | StoreErrorKind::Corrupt,
+                ..
+            } => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Overloaded
             | ApiError::Unavailable(_)
             | ApiError::Store { .. }
@@ -120,7 +135,14 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Overloaded => "overloaded",
-            ApiError::Unavailable(_) | ApiError::Store { .. } => "unavailable",
+            ApiError::Store { kind, .. } => match kind {
+                StoreErrorKind::Busy => "store_busy",
+                StoreErrorKind::Full => "store_full",
+                StoreErrorKind::ReadOnly => "store_read_only",
+                StoreErrorKind::Corrupt => "store_corrupt",
+                _ => "unavailable",
+            },
+            ApiError::Unavailable(_) => "unavailable",
             ApiError::RateLimited(_) => "rate_limited",
             ApiError::Throttled { .. } => "throttled",
             ApiError::Timeout(_) => "timeout",
@@ -162,9 +184,13 @@ impl IntoResponse for ApiError {
                 tracing::error!(request_id = %id, detail = %detail, "internal error");
                 format!("internal error; it was logged as {id}")
             }
-            ApiError::Store { reason, detail } => {
+            ApiError::Store {
+                kind,
+                reason,
+                detail,
+            } => {
                 let id = request_id();
-                tracing::error!(request_id = %id, detail = %detail, "store error");
+                tracing::error!(request_id = %id, kind = kind.as_str(), detail = %detail, "store error");
                 format!("{reason}; the cause was logged as {id}")
             }
             other => other.to_string(),
@@ -184,6 +210,7 @@ impl IntoResponse for ApiError {
         match self {
             // Every 503 says when to come back, so that clients (and the
             // proxies in front of them) back off instead of hammering.
+            ApiError::Store { .. } if status != StatusCode::SERVICE_UNAVAILABLE => {}
             ApiError::Overloaded
             | ApiError::Unavailable(_)
             | ApiError::Store { .. }
@@ -225,8 +252,25 @@ fn request_id() -> String {
 impl ApiError {
     /// A store failure: `reason` for the client, `detail` for the log.
     pub fn store(reason: &str, detail: impl std::fmt::Display) -> ApiError {
+        ApiError::store_of(StoreErrorKind::Unavailable, reason.into(), detail)
+    }
+
+    /// A store failure of `kind`; the reason names a kind the client can
+    /// act on (busy: retry; the others: the operator's).
+    fn store_of(kind: StoreErrorKind, reason: String, detail: impl std::fmt::Display) -> ApiError {
+        let why = match kind {
+            StoreErrorKind::Busy => " (its database is busy)",
+            StoreErrorKind::Full => " (its disk is full)",
+            StoreErrorKind::ReadOnly => " (its database is read-only)",
+            StoreErrorKind::Corrupt => " (its database is damaged)",
+            _ => "",
+        };
         ApiError::Store {
-            reason: reason.into(),
+            kind,
+            reason: match reason.split_once(';') {
+                Some((head, tail)) => format!("{head}{why};{tail}"),
+                None => format!("{reason}{why}"),
+            },
             detail: detail.to_string(),
         }
     }
@@ -259,6 +303,13 @@ impl From<StoreError> for ApiError {
             StoreError::Unavailable(m) => ApiError::store("the store did not answer", m),
             StoreError::Internal(m) => ApiError::Internal(m),
             StoreError::Halted(m) => ApiError::Unavailable(m),
+            StoreError::Sqlite {
+                kind: StoreErrorKind::Other,
+                ..
+            } => ApiError::Internal(e.to_string()),
+            StoreError::Sqlite { kind, .. } => {
+                ApiError::store_of(kind, "the store failed".into(), e)
+            }
         }
     }
 }
@@ -279,7 +330,12 @@ impl From<SubmitError> for ApiError {
             SubmitError::Overflow(key) => ApiError::Overflow(format!(
                 "counter {key} would leave the signed 64-bit range; nothing of the request was applied"
             )),
-            SubmitError::Store(m) => ApiError::store("the store could not apply the request; nothing of the request was applied", m),
+            SubmitError::Store { kind, detail } => ApiError::store_of(
+                // What is not one of the kinds clients tell apart stays 503.
+                if kind == StoreErrorKind::Other { StoreErrorKind::Unavailable } else { kind },
+                "the store could not apply the request; nothing of the request was applied".into(),
+                detail,
+            ),
             SubmitError::Incomplete(m) => ApiError::store(
                 "the store could not apply all of the request; part of it may have been applied, so retry with event ids to count each event once",
                 m,
@@ -313,5 +369,78 @@ mod tests {
                 "{kind}"
             );
         }
+    }
+
+    /// SQLite's own error, as a store of ours would return it, with text a
+    /// client must never see.
+    fn sqlite(kind: StoreErrorKind) -> StoreError {
+        StoreError::Sqlite {
+            op: "test::op",
+            kind,
+            source: rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+                Some("SECRET /var/lib/db.sqlite".into()),
+            ),
+        }
+    }
+
+    async fn answer(e: ApiError) -> (StatusCode, Option<HeaderValue>, serde_json::Value) {
+        use http_body_util::BodyExt;
+        let res = e.into_response();
+        let status = res.status();
+        let retry = res.headers().get(header::RETRY_AFTER).cloned();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        (status, retry, serde_json::from_slice(&body).unwrap())
+    }
+
+    /// Each kind has its status and type, on a direct store call and on a
+    /// flush through the queue; only a busy database (which passes by
+    /// itself) says when to retry; no answer carries SQLite's text.
+    #[tokio::test]
+    async fn each_store_error_kind_has_its_answer() {
+        use StoreErrorKind::*;
+        let cases = [
+            (Busy, 503, "store_busy", "busy", true),
+            (Full, 507, "store_full", "disk is full", false),
+            (ReadOnly, 500, "store_read_only", "read-only", false),
+            (Corrupt, 500, "store_corrupt", "damaged", false),
+        ];
+        for (kind, status, ty, says, retry) in cases {
+            let direct = ApiError::from(sqlite(kind));
+            let flushed = ApiError::from(SubmitError::Store {
+                kind,
+                detail: sqlite(kind).to_string(),
+            });
+            for e in [direct, flushed] {
+                let (got, retry_after, json) = answer(e).await;
+                assert_eq!(got.as_u16(), status, "{kind:?}");
+                assert_eq!(json["error"]["type"], ty, "{kind:?}");
+                let reason = json["error"]["reason"].as_str().unwrap();
+                assert!(reason.contains(says), "{kind:?}: {reason}");
+                assert!(reason.contains("logged as"), "{kind:?}: {reason}");
+                assert!(!reason.contains("SECRET"), "{kind:?}: {reason}");
+                assert!(!reason.contains("test::op"), "{kind:?}: {reason}");
+                assert_eq!(retry_after.is_some(), retry, "{kind:?}");
+            }
+        }
+        // Any other SQLite failure: as before, 500 on a direct call, 503
+        // (nothing applied) on a flush; neither with SQLite's text.
+        let (got, _, json) = answer(sqlite(Other).into()).await;
+        assert_eq!(
+            (got.as_u16(), json["error"]["type"].as_str()),
+            (500, Some("internal_error"))
+        );
+        assert!(!json.to_string().contains("SECRET"), "{json}");
+        let flushed = SubmitError::Store {
+            kind: Other,
+            detail: sqlite(Other).to_string(),
+        };
+        let (got, retry_after, json) = answer(flushed.into()).await;
+        assert_eq!(
+            (got.as_u16(), json["error"]["type"].as_str()),
+            (503, Some("unavailable"))
+        );
+        assert!(retry_after.is_some());
+        assert!(!json.to_string().contains("SECRET"), "{json}");
     }
 }

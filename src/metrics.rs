@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::store::StoreErrorKind;
+
 static ROUTES: OnceLock<Vec<String>> = OnceLock::new();
 
 /// Every route pattern of the API, as the router matches it, in the order of
@@ -33,8 +35,8 @@ const METHODS: [&str; 5] = ["GET", "POST", "DELETE", "OTHER", "PUT"];
 /// Statuses counted on their own; any other is counted as `other`.
 /// 304 is what a cacheable multi-read mostly answers once pages revalidate;
 /// 202 what a known crawler's browser ingestion gets.
-const STATUSES: [u16; 17] = [
-    200, 202, 204, 304, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 0,
+const STATUSES: [u16; 18] = [
+    200, 202, 204, 304, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 500, 503, 507, 0,
 ];
 /// Upper bounds of the request latency buckets, in seconds.
 const LATENCY_BOUNDS: [f64; 12] = [
@@ -162,7 +164,8 @@ pub struct Metrics {
     flushed_increments: AtomicU64,
     store_writes: AtomicU64,
     flush_micros: AtomicU64,
-    store_errors: AtomicU64,
+    /// By [`StoreErrorKind::ALL`].
+    store_errors: [AtomicU64; StoreErrorKind::ALL.len()],
     rejected_overloaded: AtomicU64,
     throttled: AtomicU64,
     actor_repeats: AtomicU64,
@@ -210,8 +213,11 @@ impl Metrics {
         http.latency[rm].observe(took.as_secs_f64());
     }
 
-    pub fn record_store_error(&self) {
-        self.store_errors.fetch_add(1, Relaxed);
+    pub fn record_store_error(&self, kind: StoreErrorKind) {
+        let i = StoreErrorKind::ALL.iter().position(|k| *k == kind);
+        if let Some(i) = i {
+            self.store_errors[i].fetch_add(1, Relaxed);
+        }
     }
 
     pub fn record_overloaded(&self) {
@@ -245,6 +251,19 @@ impl Metrics {
         idempotency_ids: i64,
     ) -> String {
         let mut out = String::new();
+        let name = "counter_gateway_store_errors_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Flushes the store failed, by kind (busy, full, read_only, corrupt: SQLite's; unavailable, halted, other).\n# TYPE {name} counter"
+        );
+        for (kind, n) in StoreErrorKind::ALL.iter().zip(&self.store_errors) {
+            let _ = writeln!(
+                out,
+                "{name}{{kind=\"{}\"}} {}",
+                kind.as_str(),
+                n.load(Relaxed)
+            );
+        }
         let mut put = |name: &str, kind: &str, help: &str, value: f64| {
             let _ = writeln!(
                 out,
@@ -274,12 +293,6 @@ impl Metrics {
             "counter",
             "Time spent applying flushes.",
             self.flush_micros.load(Relaxed) as f64 / 1e6,
-        );
-        put(
-            "counter_gateway_store_errors_total",
-            "counter",
-            "Flushes the store failed.",
-            self.store_errors.load(Relaxed) as f64,
         );
         put(
             "counter_gateway_overloaded_total",

@@ -408,5 +408,8 @@ async fn health_readiness_and_metrics() {
     );
     assert!(app.metric("counter_gateway_flushes_total").await >= 1.0);
     assert_eq!(app.metric("counter_gateway_queue_depth").await, 0.0);
-    assert_eq!(app.metric("counter_gateway_store_errors_total").await, 0.0);
+    for kind in ["busy", "full", "read_only", "corrupt", "other"] {
+        let name = format!("counter_gateway_store_errors_total{{kind=\"{kind}\"}}");
+        assert_eq!(app.metric(&name).await, 0.0, "{kind}");
+    }
 }

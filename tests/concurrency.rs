@@ -295,7 +295,11 @@ async fn a_failing_store_is_503_and_nothing_is_applied() {
         "unavailable",
         &["nothing of the request was applied"],
     );
-    assert_eq!(app.metric("counter_gateway_store_errors_total").await, 2.0);
+    assert_eq!(
+        app.metric("counter_gateway_store_errors_total{kind=\"unavailable\"}")
+            .await,
+        2.0
+    );
 
     fail.store(false, SeqCst);
     assert_eq!(app.value("SF", "VIEW", "u").await, Some(2));

@@ -63,6 +63,8 @@ struct State {
     searches: Vec<(String, String, Value)>,
     item_fault: Option<ItemFault>,
     request_fault: Option<RequestFault>,
+    /// Document GETs still to answer 503, as a shard still recovering does.
+    get_faults: usize,
     /// Indices created by `PUT /<index>` or by a write.
     indices: std::collections::HashSet<String>,
     /// `action.auto_create_index: false`: a write to a missing index fails.
@@ -954,6 +956,20 @@ impl Fake {
                     es(400, json!({"error": root, "status": 400}))
                 }
             }
+            ("GET", [index, "_doc", id]) if st.get_faults > 0 => {
+                st.get_faults -= 1;
+                // As a real OpenSearch 2.19 node answered a GET on an index
+                // whose primary was still recovering.
+                let reason =
+                    format!("No shard available for [get [{index}][{id}]: routing [null]]");
+                let error =
+                    json!({"type": "no_shard_available_action_exception", "reason": reason});
+                let mut root = error.clone();
+                root["root_cause"] = json!([error]);
+                root["caused_by"] = json!({"type": "illegal_index_shard_state_exception",
+                    "reason": "CurrentState[RECOVERING] operations only allowed when shard state is one of [POST_RECOVERY, STARTED]"});
+                es(503, json!({"error": root, "status": 503}))
+            }
             ("GET", [index, "_doc", id]) => {
                 let key = (index.to_string(), decode(id));
                 match st.docs.get(&key) {
@@ -1480,6 +1496,34 @@ async fn a_bulk_refused_with_429_is_resent_whole_once_accepted() {
     );
     assert_eq!(fake.bulks().len(), 3);
     assert_eq!(fake.value(COUNTERS, &cid("a")), Some(1));
+}
+
+/// A read changes nothing: a GET a recovering shard answered 503 is asked
+/// again (a real node answered so right after three gateways created the
+/// index), within the backoff budget; past it the read is unavailable.
+#[tokio::test]
+async fn a_counter_read_a_recovering_shard_refused_is_asked_again() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let store = store_at(&format!("http://{addr}"));
+    store
+        .apply(WriteBatch {
+            requests: vec![vec![inc("a", 1, None)]],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    fake.0.lock().unwrap().get_faults = 2;
+    let key = CounterKey::new("VIDEO", "VIEW", "a").unwrap();
+    let got = Store::get(&*store, &key).await.unwrap();
+    assert_eq!(got.map(|c| c.value), Some(1));
+    assert_eq!(fake.0.lock().unwrap().get_faults, 0);
+    fake.0.lock().unwrap().get_faults = 10_000;
+    let err = Store::get(&*store, &key).await.unwrap_err();
+    assert!(
+        matches!(err, counter_gateway::store::StoreError::Unavailable(_)),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]

@@ -1926,3 +1926,139 @@ async fn marks_of_an_earlier_version_are_refused_then_reimported_for_their_tenan
     )));
     es.cleanup().await;
 }
+
+/// A day's increment of `VIDEO/VIEW/<uuid>` at the tests' now.
+fn video_view(uuid: &str, id: Option<String>) -> counter_gateway::domain::Increment {
+    let ts_ms = common::test_now().timestamp_millis();
+    counter_gateway::domain::Increment {
+        key: counter_gateway::domain::CounterKey::new("VIDEO", "VIEW", uuid).unwrap(),
+        delta: 1,
+        category: None,
+        ts_ms,
+        day: ts_ms.div_euclid(86_400_000),
+        id: id.map(Arc::from),
+        kind: counter_gateway::domain::Kind::Counter,
+        unique: None,
+    }
+}
+
+/// Bulks side by side on the node (four in flight, no counter in two of
+/// them, `tests/flush_overlap.rs`): 48 clients on skewed keys (half the
+/// events on four hot counters), single events and batches of five, every
+/// tenth request sent again with its ids by another client. Then a burst
+/// closed at once. Every total is exact, each retried event counted once,
+/// every submission answered 200 applied, or refused as shutting down and
+/// not applied; the flusher stops only once the node answered every bulk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn bulks_side_by_side_count_exactly_and_a_close_drains_them() {
+    use counter_gateway::pipeline::SubmitError;
+    let url = cluster().await;
+    let es = Es {
+        url: url.clone(),
+        prefix: prefix(),
+        http: reqwest::Client::new(),
+    };
+    let mut cfg = EsConfig::new(&url, &es.prefix, "default").unwrap();
+    cfg.bulks_in_flight = 4;
+    let store: Arc<dyn Store> = Arc::new(
+        ElasticsearchStore::open(cfg, clock(), true)
+            .await
+            .expect("setup against the cluster"),
+    );
+    assert_eq!(store.bulks_in_flight(), 4);
+    let config = PipelineConfig {
+        ack_timeout: Duration::from_secs(60),
+        ..PipelineConfig::default()
+    };
+    let (pipeline, flusher) = Pipeline::start(store.clone(), config, Arc::new(Metrics::default()));
+    let mut expected: std::collections::BTreeMap<String, i64> = Default::default();
+    let mut seed: u64 = 11;
+    let mut next = |m: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % m
+    };
+    let mut pick = move || {
+        if next(2) == 0 {
+            format!("hot{}", next(4))
+        } else {
+            format!("cold{}", next(300))
+        }
+    };
+    const CLIENTS: usize = 48;
+    let mut work: Vec<Vec<Vec<counter_gateway::domain::Increment>>> = vec![Vec::new(); CLIENTS];
+    let mut retried = 0u32;
+    for r in 0..1_200usize {
+        let events: Vec<_> = if r % 10 == 9 {
+            (0..5)
+                .map(|j| video_view(&pick(), Some(format!("r{r}-e{j}"))))
+                .collect()
+        } else {
+            vec![video_view(&pick(), None)]
+        };
+        for e in &events {
+            *expected.entry(e.key.uuid.to_string()).or_default() += 1;
+        }
+        if r % 10 == 9 {
+            retried += 5;
+            work[(r + 1) % CLIENTS].push(events.clone());
+        }
+        work[r % CLIENTS].push(events);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for list in work {
+        let p = pipeline.clone();
+        tasks.spawn(async move {
+            let mut duplicates = 0;
+            for events in list {
+                duplicates += p.submit(events, None).await.expect("applied").duplicates;
+            }
+            duplicates
+        });
+    }
+    let mut duplicates = 0;
+    while let Some(d) = tasks.join_next().await {
+        duplicates += d.expect("a client task");
+    }
+    assert_eq!(duplicates, retried, "each retried event counted once");
+    // A burst of single increments, closed while it is queued and flushing.
+    let mut burst = tokio::task::JoinSet::new();
+    for i in 0..400usize {
+        let p = pipeline.clone();
+        let uuid = if i % 2 == 0 {
+            format!("hot{}", i % 4)
+        } else {
+            format!("burst{i}")
+        };
+        burst.spawn(async move {
+            let r = p.submit(vec![video_view(&uuid, None)], None).await;
+            (uuid, r)
+        });
+    }
+    tokio::task::yield_now().await;
+    pipeline.close();
+    let (mut applied, mut refused) = (0, 0);
+    while let Some(r) = burst.join_next().await {
+        match r.expect("a burst task") {
+            (uuid, Ok(_)) => {
+                applied += 1;
+                *expected.entry(uuid).or_default() += 1;
+            }
+            (_, Err(SubmitError::ShuttingDown)) => refused += 1,
+            (uuid, Err(e)) => panic!("{uuid}: {e:?}"),
+        }
+    }
+    flusher.await.expect("the flusher stops");
+    eprintln!("burst: {applied} applied, {refused} refused at close");
+    let keys: Vec<_> = expected
+        .keys()
+        .map(|u| counter_gateway::domain::CounterKey::new("VIDEO", "VIEW", u).unwrap())
+        .collect();
+    let got = store.get_many(&keys).await.expect("read back");
+    for ((uuid, want), got) in expected.iter().zip(got) {
+        assert_eq!(got.map_or(0, |c| c.value), *want, "{uuid}");
+    }
+    es.cleanup().await;
+}

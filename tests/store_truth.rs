@@ -570,3 +570,74 @@ async fn store_errors_reach_clients_as_a_type_and_a_short_reason() {
     assert_error(&r, 503, "unavailable", &["logged as"]);
     assert!(!r.text.contains("SECRET"), "{}", r.text);
 }
+
+/// A full disk and a read-only database are told apart in the answer's
+/// type and status and in `/metrics`, through the write pipeline and on a
+/// direct write; SQLite's own words stay in the log.
+#[tokio::test]
+async fn a_full_or_read_only_database_answers_its_type() {
+    let app = TestApp::start().await;
+    let seed = counter_path("V", "VIEW", "seed", "");
+    assert_eq!(
+        app.post(&format!("{seed}/increment"), json!({}))
+            .await
+            .status,
+        200
+    );
+    let batch = |from: usize| {
+        let events: Vec<_> = (from..from + 500)
+            .map(|i| json!({"entity": "V", "action": "VIEW", "uuid": format!("u{i}")}))
+            .collect();
+        json!({ "events": events })
+    };
+    let errors = |kind: &str| format!("counter_gateway_store_errors_total{{kind=\"{kind}\"}}");
+
+    // Not one page more than the database has: 500 new counters need some.
+    app.writer_sql.run("PRAGMA max_page_count = 1");
+    let r = app.post("/v1/events", batch(0)).await;
+    assert_error(
+        &r,
+        507,
+        "store_full",
+        &[
+            "disk is full",
+            "nothing of the request was applied",
+            "logged as",
+        ],
+    );
+    assert!(r.header("retry-after").is_none(), "{:?}", r.headers);
+    assert!(!r.text.contains("database or disk"), "{}", r.text);
+    assert_eq!(app.metric(&errors("full")).await, 1.0);
+    assert_eq!(
+        app.get(&counter_path("V", "VIEW", "u0", "")).await.status,
+        404
+    );
+
+    app.writer_sql
+        .run("PRAGMA max_page_count = 1073741823; PRAGMA query_only = ON");
+    let r = app.post("/v1/events", batch(0)).await;
+    assert_error(
+        &r,
+        500,
+        "store_read_only",
+        &[
+            "read-only",
+            "nothing of the request was applied",
+            "logged as",
+        ],
+    );
+    assert!(!r.text.contains("readonly"), "{}", r.text);
+    assert_eq!(app.metric(&errors("read_only")).await, 1.0);
+    // A delete writes on its own, outside the pipeline: the same type.
+    let r = app.delete(&seed).await;
+    assert_error(&r, 500, "store_read_only", &["logged as"]);
+    // Reads have connections of their own, and still answer.
+    assert_eq!(app.get(&seed).await.json["value"], 1);
+
+    app.writer_sql.run("PRAGMA query_only = OFF");
+    assert_eq!(app.post("/v1/events", batch(0)).await.status, 200);
+    assert_eq!(
+        app.get(&counter_path("V", "VIEW", "u499", "")).await.json["value"],
+        1
+    );
+}

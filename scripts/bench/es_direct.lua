@@ -2,14 +2,14 @@
 -- the gateway: one scripted `_update` per event, with `retry_on_conflict`,
 -- sent by the load client straight to the node. It calls the same stored
 -- counter script the gateway installs (so both do the same work per counter
--- document), on the same Zipf keys as zipf.lua; it writes no day bucket,
+-- document), on the same Zipf keys as zipf.lua (KEYS of them, 10,000 unless set); it writes no day bucket,
 -- which the gateway does, so it does half the gateway's document work.
 --
 --   wrk -s scripts/bench/es_direct.lua http://127.0.0.1:9200 -- <index prefix>
 --
 -- Prints "conflicts N" (409s that outlived retry_on_conflict) and
 -- "acknowledged N" (2xx answers) at the end.
-local keys, s = 10000, 1.0
+local keys, s = tonumber(os.getenv("KEYS") or "10000"), 1.0
 local cdf = {}
 local prefix = "bench-direct"
 local threads = {}

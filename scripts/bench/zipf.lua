@@ -1,11 +1,13 @@
--- Zipf-skewed load over 10,000 keys (rank k drawn with weight 1/k^s, s = 1.0:
--- the hottest key gets about 10% of the load, the top 100 about half).
+-- Zipf-skewed load over 10,000 keys, or KEYS (rank k drawn with weight 1/k^s,
+-- s = 1.0: over 10,000 keys the hottest gets about 10% of the load, the top
+-- 100 about half; over 1,000,000 the hottest about 7%).
 -- The CDF is computed once per wrk thread in init; each draw is a binary
 -- search over it.
 --
 --   wrk -s scripts/bench/zipf.lua URL                 # single increments
 --   wrk -s scripts/bench/zipf.lua URL -- batch 1000   # POST /v1/events, 1,000 events each
-local keys, s = 10000, 1.0
+--   KEYS=1000000 wrk -s scripts/bench/zipf.lua URL    # over 1,000,000 keys
+local keys, s = tonumber(os.getenv("KEYS") or "10000"), 1.0
 local cdf = {}
 local mode, per_batch, bodies = "single", 1000, {}
 

@@ -232,7 +232,8 @@ fn reason(status: u16) -> &'static str {
         413 => "The body is larger than the limit",
         415 => "Send application/json (or text/plain from sendBeacon)",
         429 => "Rate limit of this client (`rate_limited`) or a limit per actor (`throttled`, naming the rule; nothing applied) reached; see Retry-After",
-        500 => "Internal error",
+        500 => "Internal error (`store_read_only`, `store_corrupt`: the embedded store's database cannot be written or is damaged)",
+        507 => "The store's disk is full (`store_full`)",
         503 => "Queue full, store unavailable, request timeout, or shutting down; see Retry-After",
         _ => "Answer",
     }
@@ -475,7 +476,7 @@ fn shared(doc: &mut Value) {
                 );
                 op["parameters"] = Value::Array(params);
                 op["description"] = json!(role_needed(&role));
-                extra.extend([400, 401, 403, 429, 500, 503]);
+                extra.extend([400, 401, 403, 429, 500, 503, 507]);
             }
             if let Some(body) = op.get_mut("requestBody") {
                 optional_body(body);

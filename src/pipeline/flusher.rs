@@ -1,30 +1,34 @@
-//! The flusher: gathers submissions into batches and applies them in turn;
-//! the syncer beside it makes applied batches durable and only then answers.
+//! The flusher: gathers submissions into batches and applies them; the
+//! syncer beside it makes applied batches durable and only then answers.
 //!
 //! The two run concurrently, so batch N+1 is written while batch N is being
 //! fsync'd, and one fsync covers every batch applied before it started.
 //!
 //! One flush cycle ([`flush_while_busy`]: collect until a deadline, apply,
 //! hand the answers to the syncer) and one shutdown (a close takes what is
-//! still queued into the last flush; the syncer answers everything applied
-//! before it stops), run through one of two [`Writer`]s:
-//! - [`run`]: the store's async `apply` and `sync`, awaited on a task (the
-//!   Elasticsearch store, whose writes are requests over the network).
+//! still queued; every flush started is finished and answered before the
+//! flusher stops), run through one of two [`Writer`]s:
+//! - [`run`]: the store's async `apply` and `sync`, each flush a task (the
+//!   Elasticsearch store, whose writes are requests over the network). Up to
+//!   [`Store::bulks_in_flight`] flushes apply at once, no counter in two of
+//!   them (see [`Queue`]).
 //! - [`run_blocking`]: a store whose writes are local blocking calls (the
-//!   embedded store, [`BlockingWrites`]). While submissions keep coming,
-//!   the flusher and the syncer each stay on one blocking thread and hand
-//!   work to each other directly: no task spawned and no thread woken per
-//!   flush beyond the one that waits for the work (measured in
-//!   scripts/bench/README.md: each wake-up of a thread costs tens of
-//!   microseconds of CPU on a virtual machine). A busy period ends when no
-//!   submission has come for [`LINGER`]; the threads go back to the pool.
+//!   embedded store, [`BlockingWrites`]), one flush at a time. While
+//!   submissions keep coming, the flusher and the syncer each stay on one
+//!   blocking thread and hand work to each other directly: no task spawned
+//!   and no thread woken per flush beyond the one that waits for the work
+//!   (measured in scripts/bench/README.md: each wake-up of a thread costs
+//!   tens of microseconds of CPU on a virtual machine). A busy period ends
+//!   when no submission has come for [`LINGER`]; the threads go back to the
+//!   pool.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::{Applied, Held, Message, PipelineConfig, Submission, SubmitError};
 use crate::domain::CounterKey;
@@ -43,7 +47,12 @@ pub(super) async fn run(
 ) {
     let (to_syncer, syncer_rx) = mpsc::unbounded_channel();
     let syncer = tokio::spawn(sync_loop(store.clone(), syncer_rx));
-    let mut writer = AsyncWriter { store, to_syncer };
+    let mut writer = AsyncWriter {
+        limit: store.bulks_in_flight().max(1),
+        store,
+        to_syncer,
+        running: JoinSet::new(),
+    };
     flush_while_busy(&mut rx, None, None, &config, &metrics, &mut writer).await;
     // The syncer ends once it answered every flush handed to it.
     drop(writer);
@@ -115,7 +124,11 @@ fn busy(
             answer(w.sync(), answers);
         }
     });
-    let mut writer = BlockingWriter { writes, to_syncer };
+    let mut writer = BlockingWriter {
+        writes,
+        to_syncer,
+        done: None,
+    };
     // The store's writes are blocking calls: they run on this thread,
     // inside the one future the cycle is.
     let end = handle.block_on(flush_while_busy(
@@ -140,22 +153,63 @@ enum End {
     Ended,
 }
 
-/// How the flusher applies a flush and hands its answers on.
+/// How the flusher applies flushes and hands their answers on.
 trait Writer {
-    async fn apply(&mut self, batch: WriteBatch) -> Result<BatchOutcome, StoreError>;
+    /// Most flushes applying at once.
+    fn limit(&self) -> usize;
+    /// Flushes started and not yet taken back by [`Writer::next_done`].
+    fn running(&self) -> usize;
+    fn start(&mut self, flush: Flush);
+    /// The next started flush to end (`Err`: its task panicked). Only
+    /// called while one runs.
+    async fn next_done(&mut self) -> Result<Done, String>;
     /// Gives the syncer a flush's answers, to send once it is durable.
     fn hand_off(&mut self, answers: Vec<Answer>);
 }
 
-/// The store's async writes, awaited on the flusher's task.
+/// A flush applied: its result, and what waits on it.
+struct Done {
+    result: Result<BatchOutcome, StoreError>,
+    took: Duration,
+    waiting: Waiters,
+}
+
+/// The store's async writes: each flush a task, up to `limit` at once.
 struct AsyncWriter {
     store: Arc<dyn Store>,
     to_syncer: mpsc::UnboundedSender<Vec<Answer>>,
+    limit: usize,
+    running: JoinSet<Done>,
 }
 
 impl Writer for AsyncWriter {
-    async fn apply(&mut self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
-        self.store.apply(batch).await
+    fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    fn start(&mut self, flush: Flush) {
+        let store = self.store.clone();
+        self.running.spawn(async move {
+            let started = Instant::now();
+            let result = store.apply(flush.batch).await;
+            Done {
+                result,
+                took: started.elapsed(),
+                waiting: flush.waiting,
+            }
+        });
+    }
+
+    async fn next_done(&mut self) -> Result<Done, String> {
+        match self.running.join_next().await {
+            Some(Ok(done)) => Ok(done),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err("no flush was running".into()),
+        }
     }
 
     fn hand_off(&mut self, answers: Vec<Answer>) {
@@ -164,15 +218,37 @@ impl Writer for AsyncWriter {
     }
 }
 
-/// The store's blocking writes, on the busy period's thread.
+/// The store's blocking writes, on the busy period's thread: a flush is
+/// applied as it starts.
 struct BlockingWriter {
     writes: Arc<dyn BlockingWrites>,
     to_syncer: std::sync::mpsc::Sender<Vec<Answer>>,
+    done: Option<Done>,
 }
 
 impl Writer for BlockingWriter {
-    async fn apply(&mut self, batch: WriteBatch) -> Result<BatchOutcome, StoreError> {
-        self.writes.apply(batch)
+    fn limit(&self) -> usize {
+        1
+    }
+
+    fn running(&self) -> usize {
+        usize::from(self.done.is_some())
+    }
+
+    fn start(&mut self, flush: Flush) {
+        let started = Instant::now();
+        let result = self.writes.apply(flush.batch);
+        self.done = Some(Done {
+            result,
+            took: started.elapsed(),
+            waiting: flush.waiting,
+        });
+    }
+
+    async fn next_done(&mut self) -> Result<Done, String> {
+        self.done
+            .take()
+            .ok_or_else(|| "no flush was running".into())
     }
 
     fn hand_off(&mut self, answers: Vec<Answer>) {
@@ -186,41 +262,95 @@ impl Writer for BlockingWriter {
 
 /// The flush cycle, as long as submissions come: collect (from `first`,
 /// or the next one queued) until the flush interval's deadline or a full
-/// batch, apply, hand off. With `linger`, returns [`End::Idle`] when no
-/// submission came for that long. A close ends it after one last flush of
-/// everything still queued (accepted, so flushed).
+/// batch, start the flush, hand its answers off once it is applied. With
+/// `linger`, returns [`End::Idle`] when no submission came for that long
+/// and nothing runs. A close takes everything still queued (accepted, so
+/// flushed) and ends once every flush started has been handed off.
+///
+/// With more than one flush at a time ([`Writer::limit`]), a new flush
+/// starts while others run, but no sooner after the last start than the
+/// last flush took divided by the limit: the flushes are spread over a
+/// flush's time and each gathers about as much, instead of many small
+/// ones. The [`Queue`] keeps each counter in one running flush at most.
 async fn flush_while_busy(
     rx: &mut mpsc::UnboundedReceiver<Message>,
-    mut first: Option<Message>,
+    first: Option<Message>,
     linger: Option<Duration>,
     config: &PipelineConfig,
     metrics: &Metrics,
     writer: &mut impl Writer,
 ) -> End {
+    let mut queue = Queue::new(writer.limit() > 1);
+    let mut closing = false;
+    let mut last = Pace::default();
+    if let Some(msg) = first {
+        closing = queue.push(msg, rx);
+    }
+    let limit = writer.limit();
     loop {
-        let msg = match first.take() {
-            Some(msg) => msg,
-            None => match next_message(rx, linger).await {
-                Ok(msg) => msg,
+        let running = writer.running();
+        let paced = running == 0 || Instant::now() >= last.next(limit);
+        if running < limit && paced && queue.has_ready() {
+            let until = tokio::time::Instant::now() + config.flush_interval;
+            closing = queue.collect(rx, config, until, closing).await;
+            if let Some(flush) = queue.next_flush(config, closing) {
+                last.started = Some(Instant::now());
+                writer.start(flush);
+            }
+            continue;
+        }
+        if running == 0 {
+            if closing {
+                debug_assert!(queue.is_empty(), "nothing waits once nothing runs");
+                return End::Ended;
+            }
+            match next_message(rx, linger).await {
+                Ok(msg) => closing = queue.push(msg, rx),
                 Err(end) => return end,
+            }
+            continue;
+        }
+        let hold = (!paced && queue.has_ready()).then(|| last.next(limit));
+        tokio::select! {
+            biased;
+            done = writer.next_done() => match done {
+                Ok(done) => {
+                    last.took = done.took;
+                    queue.release(&done.waiting.keys);
+                    let answers = answers(done.result, done.waiting.subs, metrics, done.waiting.events, done.took);
+                    writer.hand_off(answers);
+                }
+                Err(e) => {
+                    // As a panic on the blocking path: what is queued is
+                    // dropped (answered "shutting down"); what runs is
+                    // finished and answered.
+                    tracing::error!(error = %e, "a flush panicked; the pipeline stops");
+                    drop(std::mem::replace(&mut queue, Queue::new(false)));
+                    rx.close();
+                    closing = true;
+                }
             },
-        };
-        let mut batch = Gathered::default();
-        let mut closing = batch.take(msg);
-        closing = closing || collect(rx, config, &mut batch).await;
-        if closing {
-            batch.take_the_rest(rx);
+            msg = rx.recv(), if !closing && running < limit => match msg {
+                Some(msg) => closing = queue.push(msg, rx),
+                None => closing = true,
+            },
+            _ = tokio::time::sleep_until(hold.unwrap_or_else(Instant::now).into()), if hold.is_some() => {}
         }
-        if !batch.subs.is_empty() {
-            let events = batch.events;
-            let flush = Flush::of(batch.subs);
-            let started = Instant::now();
-            let result = writer.apply(flush.batch).await;
-            writer.hand_off(answers(result, flush.waiting, metrics, events, started));
-        }
-        if closing {
-            return End::Ended;
-        }
+    }
+}
+
+/// When the last flush started and how long the last one to end took.
+#[derive(Default)]
+struct Pace {
+    started: Option<Instant>,
+    took: Duration,
+}
+
+impl Pace {
+    /// The earliest start of the next flush while others run.
+    fn next(&self, limit: usize) -> Instant {
+        let spread = self.took / u32::try_from(limit).unwrap_or(u32::MAX).max(1);
+        self.started.map_or_else(Instant::now, |s| s + spread)
     }
 }
 
@@ -245,66 +375,178 @@ async fn next_message(
     next.ok_or(End::Ended)
 }
 
-/// The submissions of one batch, and what they carry.
-#[derive(Default)]
-struct Gathered {
-    subs: Vec<Submission>,
-    events: usize,
+/// The submissions taken from the channel and not yet in a flush.
+///
+/// When flushes run side by side (`tracked`), no counter is in two running
+/// flushes: two bulks updating one document would conflict on it (each
+/// re-run of the script by `retry_on_conflict` is another get and
+/// reindex), and a flush's overflow check and its undo assume nothing else
+/// moves its counters meanwhile. A submission touching a counter of a
+/// running flush waits for it to end; so does any later submission sharing
+/// a counter with a waiting one, so each counter's submissions are applied
+/// in the order they came. Every submission holds its room in the queue's
+/// bound while it waits, so the waiting are bounded too.
+struct Queue {
+    tracked: bool,
+    /// Free to go into the next flush, in order.
+    ready: VecDeque<Keyed>,
+    /// Waiting for a running flush, in order.
+    waiting: VecDeque<Keyed>,
+    /// The counters of the running flushes.
+    running: HashSet<CounterKey>,
+    /// The counters of `waiting`, with how many of them touch each.
+    reserved: HashMap<CounterKey, usize>,
 }
 
-impl Gathered {
-    /// Takes a submission in; `true` for a close.
-    fn take(&mut self, msg: Message) -> bool {
+/// A submission and its distinct counters (only when tracked).
+struct Keyed {
+    sub: Submission,
+    keys: Vec<CounterKey>,
+}
+
+impl Queue {
+    fn new(tracked: bool) -> Queue {
+        Queue {
+            tracked,
+            ready: VecDeque::new(),
+            waiting: VecDeque::new(),
+            running: HashSet::new(),
+            reserved: HashMap::new(),
+        }
+    }
+
+    fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ready.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Takes a message in; `true` for a close, which also takes in
+    /// everything still queued (accepted, so flushed) and closes the channel.
+    fn push(&mut self, msg: Message, rx: &mut mpsc::UnboundedReceiver<Message>) -> bool {
         match msg {
-            Message::Submit(s) => {
-                self.events += s.events.len();
-                self.subs.push(s);
+            Message::Submit(sub) => {
+                let keys = if self.tracked {
+                    let mut seen = HashSet::new();
+                    sub.events
+                        .iter()
+                        .filter(|e| seen.insert(&e.key))
+                        .map(|e| e.key.clone())
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                self.place(Keyed { sub, keys });
                 false
             }
-            Message::Close => true,
-        }
-    }
-
-    /// At close: everything still queued was accepted, so it is flushed.
-    fn take_the_rest(&mut self, rx: &mut mpsc::UnboundedReceiver<Message>) {
-        rx.close();
-        while let Ok(msg) = rx.try_recv() {
-            self.take(msg);
-        }
-    }
-
-    fn full(&self, config: &PipelineConfig) -> bool {
-        self.events >= config.max_batch_events
-    }
-}
-
-/// Adds to the batch whatever is queued, lingering up to the flush interval,
-/// until the batch holds `max_batch_events`; `true` when a close came.
-async fn collect(
-    rx: &mut mpsc::UnboundedReceiver<Message>,
-    config: &PipelineConfig,
-    batch: &mut Gathered,
-) -> bool {
-    let deadline = tokio::time::Instant::now() + config.flush_interval;
-    while !batch.full(config) {
-        let msg = match rx.try_recv() {
-            Ok(msg) => msg,
-            Err(mpsc::error::TryRecvError::Disconnected) => return false,
-            Err(mpsc::error::TryRecvError::Empty) => {
-                if config.flush_interval.is_zero() {
-                    return false;
+            Message::Close => {
+                rx.close();
+                while let Ok(msg) = rx.try_recv() {
+                    if let Message::Submit(sub) = msg {
+                        self.push(Message::Submit(sub), rx);
+                    }
                 }
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(msg)) => msg,
-                    Ok(None) | Err(_) => return false,
-                }
+                true
             }
-        };
-        if batch.take(msg) {
-            return true;
         }
     }
-    false
+
+    /// Into `ready`, or into `waiting` if one of its counters is running or
+    /// waiting already.
+    fn place(&mut self, k: Keyed) {
+        let blocked = k
+            .keys
+            .iter()
+            .any(|key| self.running.contains(key) || self.reserved.contains_key(key));
+        if blocked {
+            for key in &k.keys {
+                *self.reserved.entry(key.clone()).or_default() += 1;
+            }
+            self.waiting.push_back(k);
+        } else {
+            self.ready.push_back(k);
+        }
+    }
+
+    /// A flush ended: its counters are free, and the submissions that
+    /// waited only for it are ready, in their order.
+    fn release(&mut self, keys: &[CounterKey]) {
+        if !self.tracked || keys.is_empty() {
+            return;
+        }
+        for key in keys {
+            self.running.remove(key);
+        }
+        self.reserved.clear();
+        for k in std::mem::take(&mut self.waiting) {
+            self.place(k);
+        }
+    }
+
+    /// Adds to `ready` whatever is queued, lingering until `until`, until
+    /// the ready hold `max_batch_events`; returns `closing`, set when a
+    /// close came.
+    async fn collect(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Message>,
+        config: &PipelineConfig,
+        until: tokio::time::Instant,
+        mut closing: bool,
+    ) -> bool {
+        let mut events: usize = self.ready.iter().map(|k| k.sub.events.len()).sum();
+        while !closing && events < config.max_batch_events {
+            let msg = match rx.try_recv() {
+                Ok(msg) => msg,
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    if config.flush_interval.is_zero() {
+                        break;
+                    }
+                    match tokio::time::timeout_at(until, rx.recv()).await {
+                        Ok(Some(msg)) => msg,
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+            };
+            let before = self.ready.len();
+            closing = self.push(msg, rx);
+            if self.ready.len() > before {
+                events += self.ready.back().map_or(0, |k| k.sub.events.len());
+            }
+        }
+        closing
+    }
+
+    /// The next flush: the ready submissions in order, up to
+    /// `max_batch_events` (all of them at close). Its counters are running
+    /// from now on; a ready submission left out that shares one waits.
+    fn next_flush(&mut self, config: &PipelineConfig, closing: bool) -> Option<Flush> {
+        let mut subs = Vec::new();
+        let mut keys = Vec::new();
+        let mut events = 0;
+        while let Some(k) = self.ready.pop_front() {
+            events += k.sub.events.len();
+            subs.push(k.sub);
+            keys.extend(k.keys);
+            if !closing && events >= config.max_batch_events {
+                break;
+            }
+        }
+        if subs.is_empty() {
+            return None;
+        }
+        if self.tracked {
+            keys.sort_unstable();
+            keys.dedup();
+            self.running.extend(keys.iter().cloned());
+            for k in std::mem::take(&mut self.ready) {
+                self.place(k);
+            }
+        }
+        Some(Flush::of(subs, keys, events))
+    }
 }
 
 /// A submission's answer, decided by its flush, sent once the flush is
@@ -324,14 +566,22 @@ struct Waiting {
     held: Held,
 }
 
-/// A batch for the store, and who waits on each of its requests, in order.
+/// Who waits on a flush, in the order of its requests, and what it holds.
+struct Waiters {
+    subs: Vec<Waiting>,
+    /// Its counters, when the [`Queue`] tracks them.
+    keys: Vec<CounterKey>,
+    events: usize,
+}
+
+/// A batch for the store, and who waits on it.
 struct Flush {
     batch: WriteBatch,
-    waiting: Vec<Waiting>,
+    waiting: Waiters,
 }
 
 impl Flush {
-    fn of(subs: Vec<Submission>) -> Flush {
+    fn of(subs: Vec<Submission>, keys: Vec<CounterKey>, events: usize) -> Flush {
         let mut waiting = Vec::with_capacity(subs.len());
         let mut batch = WriteBatch {
             requests: Vec::with_capacity(subs.len()),
@@ -348,7 +598,14 @@ impl Flush {
                 held: s.held,
             });
         }
-        Flush { batch, waiting }
+        Flush {
+            batch,
+            waiting: Waiters {
+                subs: waiting,
+                keys,
+                events,
+            },
+        }
     }
 }
 
@@ -358,11 +615,11 @@ fn answers(
     waiting: Vec<Waiting>,
     metrics: &Metrics,
     increments: usize,
-    started: Instant,
+    took: Duration,
 ) -> Vec<Answer> {
     match result {
         Ok(mut out) => {
-            metrics.record_flush(increments, out.store_writes, started.elapsed());
+            metrics.record_flush(increments, out.store_writes, took);
             waiting
                 .into_iter()
                 .zip(out.requests.drain(..))
@@ -386,13 +643,16 @@ fn answers(
                 .collect()
         }
         Err(e) => {
-            metrics.record_store_error();
+            metrics.record_store_error(e.kind());
             tracing::error!(error = %e, requests = waiting.len(), "flush failed");
             let error = match &e {
                 StoreError::Halted(why) => {
                     SubmitError::Halted(format!("{why}; nothing of the request was applied"))
                 }
-                _ => SubmitError::Store(e.to_string()),
+                _ => SubmitError::Store {
+                    kind: e.kind(),
+                    detail: e.to_string(),
+                },
             };
             waiting
                 .into_iter()

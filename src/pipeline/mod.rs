@@ -1,7 +1,9 @@
 //! The write pipeline: bounded queue, then the flusher, which takes everything
-//! that queued while the previous flush ran, hands it to the store as one
+//! that queued while the last flush ran, hands it to the store as one
 //! batch (coalesced there, see [`crate::domain::coalesce`]), and answers each waiting request
-//! only once its flush is durable.
+//! only once its flush is durable. A store that asks for it
+//! ([`Store::bulks_in_flight`]) gets several flushes at once, never with a
+//! counter in two of them.
 //!
 //! ```text
 //! handler ──submit──▶ queue (bounded, in events and bytes) ──▶ flusher ──apply──▶ Store
@@ -82,8 +84,11 @@ pub enum SubmitError {
     /// Applying it would overflow this counter; nothing of the request was applied.
     Overflow(CounterKey),
     /// The flush failed as a whole; nothing of the request was applied.
-    /// The text is the store's, for the log.
-    Store(String),
+    /// The text is the store's, for the log; the kind gives the answer's type.
+    Store {
+        kind: crate::store::StoreErrorKind,
+        detail: String,
+    },
     /// The store gave up on this request; part of it may have been applied.
     /// The text is the store's, for the log.
     Incomplete(String),

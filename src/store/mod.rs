@@ -83,6 +83,78 @@ pub enum StoreError {
     /// report the next fsync as fine). The message is meant for clients.
     #[error("{0}")]
     Halted(String),
+    /// SQLite failed in `op` (the embedded store's function that ran the
+    /// statement). rusqlite's error is kept whole as the source, and its
+    /// result code sorted into `kind`, so that a busy, full, read-only or
+    /// corrupt database is told apart in the log, `/metrics` and the
+    /// answer's `type`.
+    #[error("sqlite failed in {op} ({}): {source}", kind.as_str())]
+    Sqlite {
+        op: &'static str,
+        kind: StoreErrorKind,
+        #[source]
+        source: rusqlite::Error,
+    },
+}
+
+impl StoreError {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        match self {
+            StoreError::Unavailable(_) => StoreErrorKind::Unavailable,
+            StoreError::Internal(_) => StoreErrorKind::Other,
+            StoreError::Halted(_) => StoreErrorKind::Halted,
+            StoreError::Sqlite { kind, .. } => *kind,
+        }
+    }
+}
+
+/// The kinds of store failure that a client, an operator or an alert
+/// handles differently: the answer's `type` and status
+/// (`src/api/README.md`, "Limits") and the `kind` label of
+/// `counter_gateway_store_errors_total` are made from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreErrorKind {
+    /// The database is locked by another connection past the busy timeout:
+    /// passes by itself.
+    Busy,
+    /// The disk (or the database's page limit) is full.
+    Full,
+    /// The database cannot be written (a read-only file or mount).
+    ReadOnly,
+    /// The database file is damaged, or is no SQLite database.
+    Corrupt,
+    /// The store does not answer (a cluster down or unreachable).
+    Unavailable,
+    /// The store stopped acknowledging writes after a failed fsync.
+    Halted,
+    /// Anything else: a bug, an I/O error of another kind.
+    Other,
+}
+
+impl StoreErrorKind {
+    pub const ALL: [StoreErrorKind; 7] = [
+        StoreErrorKind::Busy,
+        StoreErrorKind::Full,
+        StoreErrorKind::ReadOnly,
+        StoreErrorKind::Corrupt,
+        StoreErrorKind::Unavailable,
+        StoreErrorKind::Halted,
+        StoreErrorKind::Other,
+    ];
+
+    /// The label value in `/metrics` and the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreErrorKind::Busy => "busy",
+            StoreErrorKind::Full => "full",
+            StoreErrorKind::ReadOnly => "read_only",
+            StoreErrorKind::Corrupt => "corrupt",
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::Halted => "halted",
+            StoreErrorKind::Other => "other",
+        }
+    }
 }
 
 /// Why an embedded store halted, as clients and `/readyz` are told.
@@ -123,6 +195,16 @@ pub trait Store: Send + Sync + 'static {
     /// default.
     fn blocking_writes(&self) -> Option<std::sync::Arc<dyn BlockingWrites>> {
         None
+    }
+    /// How many of [`Store::apply`]'s calls the pipeline may run at once,
+    /// never with a counter in two of them. One unless the store gains from
+    /// more (Elasticsearch: a bulk on the counters' one shard runs on one
+    /// write thread, so a second bulk uses the node's other cores, and
+    /// overlaps the first's round trip and translog sync). A store with
+    /// [`Store::blocking_writes`] is written one flush at a time whatever
+    /// this says. A default: one at a time is always correct.
+    fn bulks_in_flight(&self) -> usize {
+        1
     }
     /// One counter, or `None` if it was never counted (or was deleted).
     async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError>;

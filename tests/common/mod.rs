@@ -15,7 +15,7 @@ use counter_gateway::domain::{ActorKey, ManualClock, TimePolicy};
 use counter_gateway::metrics::Metrics;
 use counter_gateway::pipeline::PipelineConfig;
 use counter_gateway::ratelimit::RateLimiter;
-use counter_gateway::store::sqlite::{Durability, FsyncFault, SqliteStore};
+use counter_gateway::store::sqlite::{Durability, FsyncFault, SqliteStore, WriterSql};
 use counter_gateway::store::Store;
 use counter_gateway::tenant::{Shared, Tenants};
 use counter_gateway::{gateway_router, AppState, Gateway, Limits};
@@ -116,6 +116,8 @@ pub struct TestApp {
     pub options: Options,
     /// Makes the default tenant's WAL fsync fail while armed.
     pub fsync_fault: FsyncFault,
+    /// Runs SQL on the default tenant's writer connection.
+    pub writer_sql: WriterSql,
     /// Kept alive (and removed on drop) by the app that created it.
     dir: Arc<TempDir>,
     server: JoinHandle<()>,
@@ -171,6 +173,7 @@ impl TestApp {
         )
         .expect("open store");
         let fsync_fault = sqlite.fsync_fault();
+        let writer_sql = sqlite.writer_sql();
         let store: Arc<dyn Store> = wrap(Arc::new(sqlite));
         let metrics = Arc::new(Metrics::default());
         let window = Duration::from_secs(7 * 86_400);
@@ -242,6 +245,7 @@ impl TestApp {
             tenants,
             options,
             fsync_fault,
+            writer_sql,
             dir,
             server,
             stop_server,
@@ -478,9 +482,14 @@ pub fn now_secs() -> chrono::DateTime<chrono::Utc> {
 /// wrapper must not drop durability by forgetting `sync`), so each wrapper
 /// says what it does by naming its `apply` here:
 /// `store_wrapper!(Stuck, |self, batch| { ...; self.inner.apply(batch).await });`
+/// The inner store's bulks in flight pass through too, unless a third part
+/// says otherwise: `store_wrapper!(T, |self, batch| {...}, |this| 4)`.
 #[macro_export]
 macro_rules! store_wrapper {
     ($ty:ty, |$this:ident, $batch:ident| $apply:block) => {
+        $crate::store_wrapper!($ty, |$this, $batch| $apply, |this| this.inner.bulks_in_flight());
+    };
+    ($ty:ty, |$this:ident, $batch:ident| $apply:block, |$b:ident| $bulks:expr) => {
         #[async_trait::async_trait]
         impl counter_gateway::store::Store for $ty {
             async fn apply(
@@ -614,6 +623,10 @@ macro_rules! store_wrapper {
             ) -> Result<counter_gateway::store::ImportOutcome, counter_gateway::store::StoreError>
             {
                 self.inner.import(batch).await
+            }
+            fn bulks_in_flight(&self) -> usize {
+                let $b = self;
+                $bulks
             }
         }
     };

@@ -82,7 +82,21 @@ pub struct ElasticsearchArgs {
     /// (run `counter-gateway setup` beforehand instead).
     #[arg(long, env = "COUNTER_GATEWAY_SKIP_SETUP")]
     pub skip_setup: bool,
+
+    /// Most `_bulk` requests of one tenant's writes in flight at once, no
+    /// counter in two of them; 1 sends one at a time.
+    #[arg(
+        long = "elasticsearch-bulks-in-flight",
+        env = "COUNTER_GATEWAY_ELASTICSEARCH_BULKS_IN_FLIGHT",
+        default_value_t = DEFAULT_BULKS_IN_FLIGHT,
+        value_parser = clap::value_parser!(u16).range(1..=64)
+    )]
+    pub bulks_in_flight: u16,
 }
+
+/// Default of `--elasticsearch-bulks-in-flight`: one at a time, since more
+/// measured no faster on a node whose CPU is the limit (scripts/bench/README.md).
+pub const DEFAULT_BULKS_IN_FLIGHT: u16 = 1;
 
 impl fmt::Debug for ElasticsearchArgs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -95,6 +109,7 @@ impl fmt::Debug for ElasticsearchArgs {
             .field("ca_cert", &self.ca_cert)
             .field("index_prefix", &self.index_prefix)
             .field("skip_setup", &self.skip_setup)
+            .field("bulks_in_flight", &self.bulks_in_flight)
             .finish()
     }
 }
@@ -218,6 +233,8 @@ pub struct EsConfig {
     pub id_window: Duration,
     /// Most event ids remembered per document (oldest forgotten first).
     pub max_ids_per_doc: u32,
+    /// Most bulks of one tenant in flight at once (`--elasticsearch-bulks-in-flight`).
+    pub bulks_in_flight: usize,
 }
 
 /// One node's URL, checked, and the credentials written into it, taken out.
@@ -296,6 +313,7 @@ impl EsConfig {
             retry_on_conflict: 5,
             id_window: Duration::from_secs(7 * 86_400),
             max_ids_per_doc: 10_000,
+            bulks_in_flight: usize::from(DEFAULT_BULKS_IN_FLIGHT),
         })
     }
 }
@@ -374,6 +392,7 @@ impl ElasticsearchArgs {
         let mut c = EsConfig::with_urls(&urls, &self.index_prefix, DEFAULT_TENANT)?;
         c.sniff = self.sniff;
         c.id_window = id_window;
+        c.bulks_in_flight = usize::from(self.bulks_in_flight);
         c.ca_cert = self.ca_cert.as_deref().map(CaCert::read).transpose()?;
         let from_url = c.auth.take();
         c.auth = match (&self.username, &self.password, &self.api_key) {
@@ -409,6 +428,7 @@ mod tests {
             ca_cert: None,
             index_prefix: "counter-gateway".into(),
             skip_setup: false,
+            bulks_in_flight: DEFAULT_BULKS_IN_FLIGHT,
         };
         let c = a.to_config(Duration::from_secs(1)).unwrap().unwrap();
         let shown = format!("{a:?} {c:?}");
@@ -436,6 +456,7 @@ mod tests {
             ca_cert: Some(path.to_path_buf()),
             index_prefix: "counter-gateway".into(),
             skip_setup: false,
+            bulks_in_flight: DEFAULT_BULKS_IN_FLIGHT,
         }
         .to_config(Duration::from_secs(1))
     }

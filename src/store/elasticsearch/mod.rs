@@ -209,6 +209,10 @@ impl Store for ElasticsearchStore {
         Ok(())
     }
 
+    fn bulks_in_flight(&self) -> usize {
+        self.config.bulks_in_flight
+    }
+
     async fn get(&self, key: &CounterKey) -> Result<Option<Counter>, StoreError> {
         self.get_counter(key).await
     }

@@ -28,10 +28,24 @@ impl ElasticsearchStore {
             request::encode_path_segment(&key.doc_id())
         );
         let fields = request::COUNTER_FIELDS[..7].join(",");
-        let (status, body) = self
-            .call(Method::Get, &path, &[("_source_includes", &fields)], None)
-            .await?;
-        response::counter_from_get(status, &body).map_err(|e| status_error(status, e))
+        // A read changes nothing, so a 429 or 503 (a shard still
+        // recovering: a fresh index, a replica being promoted) is asked
+        // again within the backoff budget, as bulk items are.
+        let (mut attempt, mut waited) = (0, Duration::ZERO);
+        loop {
+            let (status, body) = self
+                .call(Method::Get, &path, &[("_source_includes", &fields)], None)
+                .await?;
+            let delay = self.config.backoff.delay(attempt, &self.jitter);
+            if (status == 429 || status == 503) && waited + delay <= self.config.backoff.budget {
+                tracing::debug!(status, ?delay, "reading a counter again");
+                tokio::time::sleep(delay).await;
+                waited += delay;
+                attempt += 1;
+                continue;
+            }
+            return response::counter_from_get(status, &body).map_err(|e| status_error(status, e));
+        }
     }
 
     pub(super) async fn target_counters(

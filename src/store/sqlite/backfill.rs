@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{hot, internal, read_counter, windows};
+use super::{hot, read_counter, sql, windows};
 use crate::domain::{Counter, CounterKey, DaySet};
 use crate::store::{DaysOutcome, StoreError};
 
@@ -45,22 +45,22 @@ pub(super) fn set_days_in(
             .prepare_cached(
                 "SELECT cid, value FROM counters WHERE entity = ?1 AND action = ?2 AND uuid = ?3",
             )
-            .map_err(internal)?;
+            .map_err(sql("backfill::set_days_in"))?;
         let mut create = tx
             .prepare_cached(
                 "INSERT INTO counters (entity, action, uuid, value, category, first_ts, recorded_ts)
                  VALUES (?1, ?2, ?3, 0, NULL, ?4, ?4) RETURNING cid",
             )
-            .map_err(internal)?;
+            .map_err(sql("backfill::set_days_in"))?;
         let mut old_bucket = tx
             .prepare_cached("SELECT value FROM buckets WHERE day = ?1 AND cid = ?2")
-            .map_err(internal)?;
+            .map_err(sql("backfill::set_days_in"))?;
         let mut put_bucket = tx
             .prepare_cached(
                 "INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)
                  ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
             )
-            .map_err(internal)?;
+            .map_err(sql("backfill::set_days_in"))?;
         let mut update = tx
             .prepare_cached(
                 "UPDATE counters SET
@@ -71,7 +71,7 @@ pub(super) fn set_days_in(
                  WHERE cid = ?1
                  RETURNING value, category, first_ts, recorded_ts",
             )
-            .map_err(internal)?;
+            .map_err(sql("backfill::set_days_in"))?;
         for (key, idx) in &groups {
             let key: &CounterKey = key;
             let found: Option<(i64, i64)> = find
@@ -79,7 +79,7 @@ pub(super) fn set_days_in(
                     Ok((r.get(0)?, r.get(1)?))
                 })
                 .optional()
-                .map_err(internal)?;
+                .map_err(sql("backfill::set_days_in"))?;
             let first = idx.iter().map(|&i| sets[i].touch_ms()).min().unwrap_or(0);
             let last = idx.iter().map(|&i| sets[i].touch_ms()).max().unwrap_or(0);
             let (cid, value) = match found {
@@ -90,7 +90,7 @@ pub(super) fn set_days_in(
                             params![&*key.entity, &*key.action, &*key.uuid, first],
                             |r| r.get(0),
                         )
-                        .map_err(internal)?,
+                        .map_err(sql("backfill::set_days_in"))?,
                     0,
                 ),
             };
@@ -103,7 +103,7 @@ pub(super) fn set_days_in(
                 let old: Option<i64> = old_bucket
                     .query_row(params![s.day, cid], |r| r.get(0))
                     .optional()
-                    .map_err(internal)?;
+                    .map_err(sql("backfill::set_days_in"))?;
                 previous[i] = old.unwrap_or(0);
                 total += i128::from(s.value) - i128::from(previous[i]);
                 if old != Some(s.value) {
@@ -119,7 +119,7 @@ pub(super) fn set_days_in(
                 let s = &sets[i];
                 put_bucket
                     .execute(params![s.day, cid, s.value])
-                    .map_err(internal)?;
+                    .map_err(sql("backfill::set_days_in"))?;
             }
             cids.push(cid);
             let category = idx.iter().rev().find_map(|&i| sets[i].category.clone());
@@ -127,7 +127,7 @@ pub(super) fn set_days_in(
                 .query_row(params![cid, total, category.as_deref(), first, last], |r| {
                     read_counter(r, key.clone())
                 })
-                .map_err(internal)?;
+                .map_err(sql("backfill::set_days_in"))?;
             counters.insert(key.clone(), counter);
         }
     }
@@ -170,7 +170,7 @@ pub(super) fn commit_set_directly<'k>(
         }
     }
     let mut held = hot.lock();
-    tx.commit().map_err(internal)?;
+    tx.commit().map_err(sql("backfill::commit_set_directly"))?;
     for k in keys {
         held.remove(k);
     }

@@ -31,7 +31,7 @@ use rusqlite::{params, Connection};
 
 use super::connections::Readers;
 use super::windows::upkeep::WINDOWS_CHUNK;
-use super::{hot, internal, windows, Writer};
+use super::{hot, sql, windows, Writer};
 use crate::domain::Clock;
 use crate::store::StoreError;
 
@@ -438,11 +438,11 @@ fn expire_ids(
                  SELECT id FROM event_ids INDEXED BY event_ids_by_age
                  WHERE seen_ms < ?1 ORDER BY seen_ms LIMIT ?2)",
         )
-        .map_err(internal)?;
+        .map_err(sql("background::expire_ids"))?;
     loop {
         let n = s
             .execute(params![expired_before, EXPIRE_BATCH])
-            .map_err(internal)?;
+            .map_err(sql("background::expire_ids"))?;
         deleted += n as u64;
         if (n as i64) < EXPIRE_BATCH || started.elapsed() >= budget {
             return Ok(deleted);
@@ -485,18 +485,22 @@ pub(super) fn expire_buckets(
     let started = std::time::Instant::now();
     let before = first_kept_day(conn, today, retention_days)?;
     let mut deleted = 0u64;
-    for sql in [
+    for stmt in [
         "DELETE FROM buckets WHERE (day, cid) IN (
              SELECT day, cid FROM buckets WHERE day < ?1 ORDER BY day, cid LIMIT ?2)",
         "DELETE FROM average_buckets WHERE (day, aid) IN (
              SELECT day, aid FROM average_buckets WHERE day < ?1 ORDER BY day, aid LIMIT ?2)",
     ] {
-        let mut s = conn.prepare_cached(sql).map_err(internal)?;
+        let mut s = conn
+            .prepare_cached(stmt)
+            .map_err(sql("background::expire_buckets"))?;
         loop {
             if started.elapsed() >= budget {
                 return Ok(deleted);
             }
-            let n = s.execute(params![before, RETAIN_BATCH]).map_err(internal)?;
+            let n = s
+                .execute(params![before, RETAIN_BATCH])
+                .map_err(sql("background::expire_buckets"))?;
             deleted += n as u64;
             if (n as i64) < RETAIN_BATCH {
                 break;
@@ -508,7 +512,7 @@ pub(super) fn expire_buckets(
 
 fn count_ids(conn: &Connection) -> Result<i64, StoreError> {
     conn.query_row("SELECT count(*) FROM event_ids", [], |r| r.get(0))
-        .map_err(internal)
+        .map_err(sql("background::count_ids"))
 }
 
 /// The idempotency ids kept by every embedded store open in this process

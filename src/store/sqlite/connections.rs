@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use rusqlite::Connection;
 
-use super::internal;
+use super::sql;
 use crate::store::StoreError;
 
 /// Readers kept open between requests by one store, and by all stores of
@@ -59,7 +59,7 @@ impl Readers {
                 c
             }
             None => {
-                let c = Connection::open(path).map_err(internal)?;
+                let c = Connection::open(path).map_err(sql("connections::with"))?;
                 configure(&c, reader_cache_kib())?;
                 c
             }
@@ -181,21 +181,21 @@ fn configure(conn: &Connection, cache_kib: u64) -> Result<(), StoreError> {
         );
     }
     conn.busy_timeout(std::time::Duration::from_secs(5))
-        .map_err(internal)?;
+        .map_err(sql("connections::configure"))?;
     // Each window of each of the two tables has a statement of its own.
     conn.set_prepared_statement_cache_capacity(64);
     conn.execute_batch(&format!("PRAGMA cache_size = -{cache_kib}"))
-        .map_err(internal)
+        .map_err(sql("connections::configure"))
 }
 
 /// Opens the writer connection of the database at `path`: set up as every
 /// connection is, in WAL mode, and without an fsync inside SQLite per commit.
 pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
-    let conn = Connection::open(path).map_err(internal)?;
+    let conn = Connection::open(path).map_err(sql("connections::open_writer"))?;
     configure(&conn, writer_cache_kib())?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-        .map_err(internal)?;
+        .map_err(sql("connections::open_writer"))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(StoreError::Internal(format!(
             "SQLite refused WAL mode (got {mode})"
@@ -207,6 +207,6 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
     // next flush is written while this one reaches the disk: a commit is
     // acknowledged only after an fsync that began after it.
     conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = OFF;")
-        .map_err(internal)?;
+        .map_err(sql("connections::open_writer"))?;
     Ok(conn)
 }

@@ -12,7 +12,7 @@ use rusqlite::{params, Connection, TransactionBehavior};
 use super::background::Idle;
 use super::hooks::Hooks;
 use super::write::{self, Overflowed};
-use super::{internal, marks, multiget, Writer};
+use super::{marks, multiget, sql, Writer};
 use crate::domain::{Clock, Coalesced, Increment};
 use crate::store::{BatchOutcome, BlockingWrites, RequestOutcome, StoreError, WriteBatch};
 
@@ -131,13 +131,13 @@ fn claim_ids(
             "INSERT INTO event_ids (id, seen_ms) VALUES (?1, ?2)
              ON CONFLICT (id) DO UPDATE SET seen_ms = excluded.seen_ms WHERE seen_ms < ?3",
         )
-        .map_err(internal)?;
+        .map_err(sql("flush::claim_ids"))?;
     let expired_before = now_ms.saturating_sub(id_window_ms);
     for (i, e) in events.iter().enumerate() {
         if let Some(id) = &e.id {
             let claimed = claim
                 .execute(params![&**id, now_ms, expired_before])
-                .map_err(internal)?;
+                .map_err(sql("flush::claim_ids"))?;
             dup[i] = claimed == 0;
         }
     }
@@ -204,7 +204,7 @@ impl<'c> Flushing<'c> {
     fn begin(conn: &'c Connection) -> Result<Flushing<'c>, StoreError> {
         conn.prepare_cached("BEGIN IMMEDIATE")
             .and_then(|mut s| s.execute([]))
-            .map_err(internal)?;
+            .map_err(sql("flush::begin"))?;
         Ok(Flushing { conn })
     }
 
@@ -212,7 +212,7 @@ impl<'c> Flushing<'c> {
         self.conn
             .prepare_cached("COMMIT")
             .and_then(|mut s| s.execute([]))
-            .map_err(internal)?;
+            .map_err(sql("flush::commit"))?;
         Ok(())
     }
 }
@@ -248,12 +248,12 @@ pub(super) fn apply_one_by_one(
     let mut tx = w
         .conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(internal)?;
+        .map_err(sql("flush::apply_one_by_one"))?;
     let mut out = BatchOutcome::default();
     let hot = w.hot.clone();
     let mut flush = write::Flush::by_request(&hot);
     for events in &batch.requests {
-        let sp = tx.savepoint().map_err(internal)?;
+        let sp = tx.savepoint().map_err(sql("flush::apply_one_by_one"))?;
         let mut dup = claim_ids(&sp, events, now_ms, id_window_ms)?;
         let repeats = marks::claim(&sp, events, &mut dup)?;
         let mut mine = Coalesced::default();
@@ -264,7 +264,7 @@ pub(super) fn apply_one_by_one(
         };
         match checked {
             Ok(at) => {
-                sp.commit().map_err(internal)?;
+                sp.commit().map_err(sql("flush::apply_one_by_one"))?;
                 flush.apply(&mine, at);
                 out.requests.push(RequestOutcome::Applied { duplicates });
                 out.repeats.push(repeats);
@@ -282,6 +282,10 @@ pub(super) fn apply_one_by_one(
     out.counters = done.counters(&batch.wanted);
     multiget::unwritten_wanted(&tx, &batch.wanted, &mut out.counters, &hot.lock())?;
     w.logged += done.logged();
-    write::commit_and_publish(|| tx.commit().map_err(internal), done, &hot)?;
+    write::commit_and_publish(
+        || tx.commit().map_err(sql("flush::apply_one_by_one")),
+        done,
+        &hot,
+    )?;
     Ok(out)
 }

@@ -27,7 +27,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::hot;
 use super::windows::upkeep::{WINDOWS_HELD, WINDOWS_HELD_MAX, WINDOWS_WRITE_BACK};
-use super::{internal, internal_msg, log};
+use super::{internal_msg, log, sql};
 use crate::store::StoreError;
 
 /// Counters applied per transaction of a pass: a few milliseconds of the
@@ -63,13 +63,13 @@ pub(super) fn begin(conn: &Connection) -> Result<Option<Pass>, StoreError> {
             Ok((r.get(0)?, r.get(1)?))
         })
         .optional()
-        .map_err(internal)?;
+        .map_err(sql("fold::begin"))?;
     let (upto, done) = match resumed {
         Some(r) => r,
         None => {
             let newest: Option<i64> = conn
                 .query_row("SELECT max(seq) FROM counter_log", [], |r| r.get(0))
-                .map_err(internal)?;
+                .map_err(sql("fold::begin"))?;
             match newest {
                 Some(n) => (n, 0),
                 None => return Ok(None),
@@ -79,14 +79,18 @@ pub(super) fn begin(conn: &Connection) -> Result<Option<Pass>, StoreError> {
     let mut sums: HashMap<i64, Sum> = HashMap::new();
     let mut s = conn
         .prepare_cached("SELECT entries FROM counter_log WHERE seq <= ?1 ORDER BY seq")
-        .map_err(internal)?;
-    let mut rows = s.query([upto]).map_err(internal)?;
-    while let Some(row) = rows.next().map_err(internal)? {
-        let blob = row.get_ref(0).map_err(internal)?.as_blob().map_err(|e| {
-            internal_msg(&format!(
-                "the change log holds a row that is not a blob: {e}"
-            ))
-        })?;
+        .map_err(sql("fold::begin"))?;
+    let mut rows = s.query([upto]).map_err(sql("fold::begin"))?;
+    while let Some(row) = rows.next().map_err(sql("fold::begin"))? {
+        let blob = row
+            .get_ref(0)
+            .map_err(sql("fold::begin"))?
+            .as_blob()
+            .map_err(|e| {
+                internal_msg(&format!(
+                    "the change log holds a row that is not a blob: {e}"
+                ))
+            })?;
         log::decode(blob, |e| {
             if e.cid <= done {
                 return;
@@ -135,7 +139,7 @@ pub(super) fn chunk(
 ) -> Result<(), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(internal)?;
+        .map_err(sql("fold::chunk"))?;
     let end = (pass.next + CHUNK).min(pass.sums.len());
     {
         let mut counter = tx
@@ -147,13 +151,13 @@ pub(super) fn chunk(
                      recorded_ts = max(recorded_ts, ?5)
                  WHERE cid = ?1",
             )
-            .map_err(internal)?;
+            .map_err(sql("fold::chunk"))?;
         let mut bucket = tx
             .prepare_cached(
                 "INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)
                  ON CONFLICT (day, cid) DO UPDATE SET value = value + excluded.value",
             )
-            .map_err(internal)?;
+            .map_err(sql("fold::chunk"))?;
         for (cid, sum) in &pass.sums[pass.next..end] {
             let cid = *cid;
             let changed = match i64::try_from(sum.delta) {
@@ -167,7 +171,7 @@ pub(super) fn chunk(
                         sum.first_ms,
                         sum.last_ms
                     ])
-                    .map_err(internal)?,
+                    .map_err(sql("fold::chunk"))?,
                 // The pass spans flushes that went far one way and back.
                 Err(_) => set_counter(&tx, cid, sum)?,
             };
@@ -179,7 +183,9 @@ pub(super) fn chunk(
             for &(day, d) in &sum.days {
                 match i64::try_from(d) {
                     Ok(d) => {
-                        bucket.execute(params![day, cid, d]).map_err(internal)?;
+                        bucket
+                            .execute(params![day, cid, d])
+                            .map_err(sql("fold::chunk"))?;
                     }
                     Err(_) => set_bucket(&tx, cid, day, d)?,
                 }
@@ -189,17 +195,18 @@ pub(super) fn chunk(
     let last_cid = pass.sums.get(end.wrapping_sub(1)).map_or(0, |(c, _)| *c);
     if end >= pass.sums.len() {
         tx.execute("DELETE FROM counter_log WHERE seq <= ?1", [pass.upto])
-            .map_err(internal)?;
-        tx.execute("DELETE FROM fold_state", []).map_err(internal)?;
+            .map_err(sql("fold::chunk"))?;
+        tx.execute("DELETE FROM fold_state", [])
+            .map_err(sql("fold::chunk"))?;
     } else {
         tx.execute(
             "INSERT OR REPLACE INTO fold_state (id, upto, done_cid) VALUES (1, ?1, ?2)",
             params![pass.upto, last_cid],
         )
-        .map_err(internal)?;
+        .map_err(sql("fold::chunk"))?;
     }
     let mut hot = hot.lock();
-    tx.commit().map_err(internal)?;
+    tx.commit().map_err(sql("fold::chunk"))?;
     hot.folded(pass.sums[pass.next..end].iter().map(|(c, _)| *c), pass.upto);
     drop(hot);
     pass.next = end;
@@ -213,7 +220,7 @@ fn set_counter(tx: &Connection, cid: i64, sum: &Sum) -> Result<usize, StoreError
             r.get(0)
         })
         .optional()
-        .map_err(internal)?;
+        .map_err(sql("fold::set_counter"))?;
     let Some(old) = old else { return Ok(0) };
     let value = i64::try_from(i128::from(old) + sum.delta)
         .map_err(|_| internal_msg("the change log takes a counter outside i64"))?;
@@ -229,7 +236,7 @@ fn set_counter(tx: &Connection, cid: i64, sum: &Sum) -> Result<usize, StoreError
             sum.last_ms
         ],
     )
-    .map_err(internal)
+    .map_err(sql("fold::set_counter"))
 }
 
 /// A bucket moved by a delta past i64 (the value after it fits).
@@ -241,7 +248,7 @@ fn set_bucket(tx: &Connection, cid: i64, day: i64, d: i128) -> Result<(), StoreE
             |r| r.get(0),
         )
         .optional()
-        .map_err(internal)?
+        .map_err(sql("fold::set_bucket"))?
         .unwrap_or(0);
     let value = i64::try_from(i128::from(old) + d)
         .map_err(|_| internal_msg("the change log takes a bucket outside i64"))?;
@@ -250,7 +257,7 @@ fn set_bucket(tx: &Connection, cid: i64, day: i64, d: i128) -> Result<(), StoreE
          ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
         params![day, cid, value],
     )
-    .map_err(internal)?;
+    .map_err(sql("fold::set_bucket"))?;
     Ok(())
 }
 
@@ -288,13 +295,13 @@ impl super::Writer {
         let newest: Option<i64> = self
             .conn
             .query_row("SELECT max(seq) FROM counter_log", [], |r| r.get(0))
-            .map_err(internal)?;
+            .map_err(sql("fold::fold_all"))?;
         let Some(newest) = newest else { return Ok(()) };
         loop {
             let oldest: Option<i64> = self
                 .conn
                 .query_row("SELECT min(seq) FROM counter_log", [], |r| r.get(0))
-                .map_err(internal)?;
+                .map_err(sql("fold::fold_all"))?;
             if oldest.map_or(true, |o| o > newest) {
                 return Ok(());
             }
@@ -347,7 +354,7 @@ impl super::SqliteStore {
             .with_writer(|w| {
                 w.conn
                     .query_row("SELECT max(seq) FROM counter_log", [], |r| r.get(0))
-                    .map_err(internal)
+                    .map_err(sql("fold::fold_now"))
             })
             .await?;
         let Some(newest) = newest else { return Ok(()) };
@@ -357,7 +364,7 @@ impl super::SqliteStore {
                     let oldest: Option<i64> = w
                         .conn
                         .query_row("SELECT min(seq) FROM counter_log", [], |r| r.get(0))
-                        .map_err(internal)?;
+                        .map_err(sql("fold::fold_now"))?;
                     if oldest.map_or(true, |o| o > newest) {
                         return Ok(true);
                     }

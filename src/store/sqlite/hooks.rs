@@ -4,7 +4,7 @@
 //! `false`, so a release build carries neither the fields nor the checks.
 
 #[cfg(any(test, feature = "test-hooks"))]
-pub use armed::{FoldHold, FsyncFault};
+pub use armed::{FoldHold, FsyncFault, WriterSql};
 
 /// What a store's code asks of its hooks.
 #[derive(Clone, Debug, Default)]
@@ -47,9 +47,9 @@ impl Hooks {
 #[cfg(any(test, feature = "test-hooks"))]
 mod armed {
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex, Weak};
 
-    use super::super::SqliteStore;
+    use super::super::{SqliteStore, Writer};
     use crate::store::StoreError;
 
     /// A hook for tests: while held, the change log is folded only where a
@@ -94,7 +94,29 @@ mod armed {
         }
     }
 
+    /// A hook for tests: SQL run on the store's writer connection, to give
+    /// it the state a disk or a file would (`PRAGMA max_page_count`: no room
+    /// for one page more, as a full disk; `PRAGMA query_only`: a read-only
+    /// database, which file modes cannot make for root, who runs the tests).
+    #[derive(Clone)]
+    pub struct WriterSql(Weak<Mutex<Writer>>);
+
+    impl WriterSql {
+        /// Runs `sql` on the writer, between two flushes; panics if the store
+        /// is closed or SQLite refuses it.
+        pub fn run(&self, sql: &str) {
+            let writer = self.0.upgrade().expect("the store is open");
+            let w = writer.lock().expect("the writer lock");
+            w.conn.execute_batch(sql).expect("the hook's SQL");
+        }
+    }
+
     impl SqliteStore {
+        /// The hook that runs SQL on this store's writer (tests).
+        pub fn writer_sql(&self) -> WriterSql {
+            WriterSql(Arc::downgrade(&self.writer))
+        }
+
         /// Folds the whole change log, writes every window total memory holds
         /// back to the kept tables, and brings those to today (the day's flip,
         /// the table of the day after complete, or a rebuild), however long

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection};
 
-use super::{internal, internal_msg};
+use super::{internal_msg, sql};
 use crate::domain::{ActorKey, CounterKey, Increment, Mark, Scope};
 use crate::store::{ActorMark, MarkKeying as Keying, MarkState, StoreError};
 
@@ -68,10 +68,10 @@ CREATE TABLE IF NOT EXISTS actor_mark_keying (
 /// first one if it holds marks (only an earlier version can have written
 /// them, since this row is written before any write), none otherwise.
 pub(super) fn note_keying(tx: &Connection) -> Result<(), StoreError> {
-    let any = |sql: &str| -> Result<bool, StoreError> {
-        tx.prepare(sql)
+    let any = |stmt: &str| -> Result<bool, StoreError> {
+        tx.prepare(stmt)
             .and_then(|mut s| s.exists([]))
-            .map_err(internal)
+            .map_err(sql("marks::note_keying"))
     };
     if any("SELECT 1 FROM actor_mark_keying")? {
         return Ok(());
@@ -82,7 +82,7 @@ pub(super) fn note_keying(tx: &Connection) -> Result<(), StoreError> {
         "INSERT INTO actor_mark_keying (id, tenant) VALUES (1, ?1)",
         [if old { None } else { Some("") }],
     )
-    .map_err(internal)?;
+    .map_err(sql("marks::note_keying"))?;
     Ok(())
 }
 
@@ -94,7 +94,7 @@ pub(super) fn keying(conn: &Connection) -> Result<Keying, StoreError> {
             [],
             |r| r.get(0),
         )
-        .map_err(internal)?;
+        .map_err(sql("marks::keying"))?;
     Ok(match tenant {
         None => Keying::Untenanted,
         Some(t) if t.is_empty() => Keying::Unbound,
@@ -112,7 +112,7 @@ pub(super) fn keying(conn: &Connection) -> Result<Keying, StoreError> {
 pub(super) fn key_for_tenant(conn: &mut Connection, key: &ActorKey) -> Result<u64, StoreError> {
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .map_err(internal)?;
+        .map_err(sql("marks::key_for_tenant"))?;
     let tenant = key.tenant();
     let mut rekeyed = 0;
     match keying(&tx)? {
@@ -137,8 +137,8 @@ pub(super) fn key_for_tenant(conn: &mut Connection, key: &ActorKey) -> Result<u6
         "UPDATE actor_mark_keying SET tenant = ?1 WHERE id = 1",
         [tenant],
     )
-    .map_err(internal)?;
-    tx.commit().map_err(internal)?;
+    .map_err(sql("marks::key_for_tenant"))?;
+    tx.commit().map_err(sql("marks::key_for_tenant"))?;
     Ok(rekeyed)
 }
 
@@ -154,8 +154,9 @@ fn rekey_table(
 ) -> Result<u64, StoreError> {
     let old = format!("{table}_untenanted");
     tx.execute_batch(&format!("ALTER TABLE {table} RENAME TO {old};"))
-        .map_err(internal)?;
-    tx.execute_batch(SCHEMA).map_err(internal)?;
+        .map_err(sql("marks::rekey_table"))?;
+    tx.execute_batch(SCHEMA)
+        .map_err(sql("marks::rekey_table"))?;
     let n = columns.split(", ").count();
     let marks_at = n - 1;
     let placeholders: Vec<String> = (1..=n).map(|i| format!("?{i}")).collect();
@@ -164,17 +165,17 @@ fn rekey_table(
             "INSERT OR IGNORE INTO {table} ({columns}) VALUES ({})",
             placeholders.join(", ")
         ))
-        .map_err(internal)?;
+        .map_err(sql("marks::rekey_table"))?;
     let mut read = tx
         .prepare(&format!("SELECT {columns} FROM {old}"))
-        .map_err(internal)?;
-    let mut rows = read.query([]).map_err(internal)?;
+        .map_err(sql("marks::rekey_table"))?;
+    let mut rows = read.query([]).map_err(sql("marks::rekey_table"))?;
     let mut done = 0;
-    while let Some(r) = rows.next().map_err(internal)? {
+    while let Some(r) = rows.next().map_err(sql("marks::rekey_table"))? {
         let mut values: Vec<rusqlite::types::Value> = (0..n)
             .map(|i| r.get(i))
             .collect::<Result<_, _>>()
-            .map_err(internal)?;
+            .map_err(sql("marks::rekey_table"))?;
         let rusqlite::types::Value::Blob(bytes) = &values[marks_at] else {
             return Err(internal_msg(&format!("a mark in {table} is no blob")));
         };
@@ -190,14 +191,14 @@ fn rekey_table(
         values[marks_at] = rusqlite::types::Value::Blob(new_mark.0.to_vec());
         insert
             .execute(rusqlite::params_from_iter(values))
-            .map_err(internal)?;
+            .map_err(sql("marks::rekey_table"))?;
         done += 1;
     }
     drop(rows);
     drop(read);
     drop(insert);
     tx.execute_batch(&format!("DROP TABLE {old};"))
-        .map_err(internal)?;
+        .map_err(sql("marks::rekey_table"))?;
     Ok(done)
 }
 
@@ -232,16 +233,16 @@ pub(super) fn claim(
     }
     let mut like = tx
         .prepare_cached("INSERT OR IGNORE INTO actor_marks (ckey, mark) VALUES (?1, ?2)")
-        .map_err(internal)?;
+        .map_err(sql("marks::claim"))?;
     let mut unlike = tx
         .prepare_cached("DELETE FROM actor_marks WHERE ckey = ?1 AND mark = ?2")
-        .map_err(internal)?;
+        .map_err(sql("marks::claim"))?;
     let mut view = tx
         .prepare_cached(
             "INSERT OR IGNORE INTO actor_day_marks (day, ckey, mark) VALUES (?1, ?2, ?3)",
         )
-        .map_err(internal)?;
-    let mut named = tx.prepare_cached(NAME_KEY).map_err(internal)?;
+        .map_err(sql("marks::claim"))?;
+    let mut named = tx.prepare_cached(NAME_KEY).map_err(sql("marks::claim"))?;
     let mut repeats = 0;
     for (e, skip) in events.iter().zip(skip.iter_mut()) {
         let Some(u) = &e.unique else { continue };
@@ -254,7 +255,7 @@ pub(super) fn claim(
             Scope::Ever => unlike.execute(params![&c[..], m]),
             Scope::Day => view.execute(params![e.day, &c[..], m]),
         }
-        .map_err(internal)?;
+        .map_err(sql("marks::claim"))?;
         if changed == 0 {
             *skip = true;
             repeats += 1;
@@ -262,7 +263,7 @@ pub(super) fn claim(
             let k = &e.key;
             named
                 .execute(params![&c[..], &*k.entity, &*k.action, &*k.uuid])
-                .map_err(internal)?;
+                .map_err(sql("marks::claim"))?;
         }
     }
     Ok(repeats)
@@ -278,10 +279,10 @@ const NAME_KEY: &str =
 /// open, inside its transaction; does nothing once the table has rows or
 /// when there are no marks (two lookups).
 pub(super) fn backfill_keys(tx: &Connection) -> Result<u64, StoreError> {
-    let any = |sql: &str| -> Result<bool, StoreError> {
-        tx.prepare(sql)
+    let any = |stmt: &str| -> Result<bool, StoreError> {
+        tx.prepare(stmt)
             .and_then(|mut s| s.exists([]))
-            .map_err(internal)
+            .map_err(sql("marks::backfill_keys"))
     };
     if any("SELECT 1 FROM actor_mark_keys LIMIT 1")?
         || !(any("SELECT 1 FROM actor_marks LIMIT 1")?
@@ -291,15 +292,26 @@ pub(super) fn backfill_keys(tx: &Connection) -> Result<u64, StoreError> {
     }
     let mut read = tx
         .prepare("SELECT entity, action, uuid FROM counters")
-        .map_err(internal)?;
-    let mut rows = read.query([]).map_err(internal)?;
-    let mut named = tx.prepare_cached(NAME_KEY).map_err(internal)?;
+        .map_err(sql("marks::backfill_keys"))?;
+    let mut rows = read.query([]).map_err(sql("marks::backfill_keys"))?;
+    let mut named = tx
+        .prepare_cached(NAME_KEY)
+        .map_err(sql("marks::backfill_keys"))?;
     let mut n = 0;
-    while let Some(r) = rows.next().map_err(internal)? {
+    while let Some(r) = rows.next().map_err(sql("marks::backfill_keys"))? {
         let key = CounterKey {
-            entity: r.get::<_, String>(0).map_err(internal)?.into(),
-            action: r.get::<_, String>(1).map_err(internal)?.into(),
-            uuid: r.get::<_, String>(2).map_err(internal)?.into(),
+            entity: r
+                .get::<_, String>(0)
+                .map_err(sql("marks::backfill_keys"))?
+                .into(),
+            action: r
+                .get::<_, String>(1)
+                .map_err(sql("marks::backfill_keys"))?
+                .into(),
+            uuid: r
+                .get::<_, String>(2)
+                .map_err(sql("marks::backfill_keys"))?
+                .into(),
         };
         n += named
             .execute(params![
@@ -308,7 +320,7 @@ pub(super) fn backfill_keys(tx: &Connection) -> Result<u64, StoreError> {
                 &*key.action,
                 &*key.uuid
             ])
-            .map_err(internal)? as u64;
+            .map_err(sql("marks::backfill_keys"))? as u64;
     }
     Ok(n)
 }
@@ -324,7 +336,7 @@ pub(super) fn page(
     limit: usize,
     from_day: i64,
 ) -> Result<Vec<ActorMark>, StoreError> {
-    let tx = conn.unchecked_transaction().map_err(internal)?;
+    let tx = conn.unchecked_transaction().map_err(sql("marks::page"))?;
     let mut out = Vec::with_capacity(limit.min(10_000));
     let blob16 = |v: Vec<u8>| -> rusqlite::Result<[u8; 16]> {
         v.try_into().map_err(|_| {
@@ -361,7 +373,7 @@ pub(super) fn page(
                      WHERE (m.ckey, m.mark) > (?1, ?2)
                      ORDER BY m.ckey, m.mark LIMIT ?3",
                 )
-                .map_err(internal)?;
+                .map_err(sql("marks::page"))?;
             let rows = s
                 .query_map(params![c, m, limit as i64], |r| {
                     Ok(ActorMark {
@@ -371,9 +383,9 @@ pub(super) fn page(
                         state: MarkState::Counted,
                     })
                 })
-                .map_err(internal)?;
+                .map_err(sql("marks::page"))?;
             for r in rows {
-                out.push(r.map_err(internal)?);
+                out.push(r.map_err(sql("marks::page"))?);
             }
             if out.len() >= limit {
                 return Ok(out);
@@ -388,7 +400,7 @@ pub(super) fn page(
              WHERE (d.day, d.ckey, d.mark) > (?1, ?2, ?3) AND d.day >= ?4
              ORDER BY d.day, d.ckey, d.mark LIMIT ?5",
         )
-        .map_err(internal)?;
+        .map_err(sql("marks::page"))?;
     let rows = s
         .query_map(
             params![
@@ -407,9 +419,9 @@ pub(super) fn page(
                 })
             },
         )
-        .map_err(internal)?;
+        .map_err(sql("marks::page"))?;
     for r in rows {
-        out.push(r.map_err(internal)?);
+        out.push(r.map_err(sql("marks::page"))?);
     }
     Ok(out)
 }
@@ -424,24 +436,24 @@ pub(super) fn import(tx: &Connection, marks: &[ActorMark]) -> Result<(), StoreEr
     }
     let mut like = tx
         .prepare_cached("INSERT OR IGNORE INTO actor_marks (ckey, mark) VALUES (?1, ?2)")
-        .map_err(internal)?;
+        .map_err(sql("marks::import"))?;
     let mut view = tx
         .prepare_cached(
             "INSERT OR IGNORE INTO actor_day_marks (day, ckey, mark) VALUES (?1, ?2, ?3)",
         )
-        .map_err(internal)?;
-    let mut named = tx.prepare_cached(NAME_KEY).map_err(internal)?;
+        .map_err(sql("marks::import"))?;
+    let mut named = tx.prepare_cached(NAME_KEY).map_err(sql("marks::import"))?;
     for m in marks {
         let c = ckey(&m.key);
         match m.day {
             None => like.execute(params![&c[..], &m.mark.0[..]]),
             Some(day) => view.execute(params![day, &c[..], &m.mark.0[..]]),
         }
-        .map_err(internal)?;
+        .map_err(sql("marks::import"))?;
         let k = &m.key;
         named
             .execute(params![&c[..], &*k.entity, &*k.action, &*k.uuid])
-            .map_err(internal)?;
+            .map_err(sql("marks::import"))?;
     }
     Ok(())
 }
@@ -451,22 +463,23 @@ pub(super) fn import(tx: &Connection, marks: &[ActorMark]) -> Result<(), StoreEr
 pub(super) fn forget(tx: &Connection, key: &CounterKey) -> Result<(), StoreError> {
     let c = ckey(key);
     tx.execute("DELETE FROM actor_marks WHERE ckey = ?1", [&c[..]])
-        .map_err(internal)?;
+        .map_err(sql("marks::forget"))?;
     tx.execute("DELETE FROM actor_mark_keys WHERE ckey = ?1", [&c[..]])
-        .map_err(internal)?;
+        .map_err(sql("marks::forget"))?;
     // Day marks are clustered by day: one range per kept day, a few hundred
     // seeks, rather than a scan of every view.
     let (first, last): (Option<i64>, Option<i64>) = tx
         .query_row("SELECT min(day), max(day) FROM actor_day_marks", [], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
-        .map_err(internal)?;
+        .map_err(sql("marks::forget"))?;
     if let (Some(first), Some(last)) = (first, last) {
         let mut s = tx
             .prepare_cached("DELETE FROM actor_day_marks WHERE day = ?1 AND ckey = ?2")
-            .map_err(internal)?;
+            .map_err(sql("marks::forget"))?;
         for day in first..=last {
-            s.execute(params![day, &c[..]]).map_err(internal)?;
+            s.execute(params![day, &c[..]])
+                .map_err(sql("marks::forget"))?;
         }
     }
     Ok(())
@@ -488,12 +501,12 @@ pub(super) fn expire(
                  SELECT day, ckey, mark FROM actor_day_marks WHERE day < ?1
                  ORDER BY day, ckey, mark LIMIT ?2)",
         )
-        .map_err(internal)?;
+        .map_err(sql("marks::expire"))?;
     let mut deleted = 0u64;
     loop {
         let n = s
             .execute(params![oldest_day, RETAIN_BATCH])
-            .map_err(internal)?;
+            .map_err(sql("marks::expire"))?;
         deleted += n as u64;
         if (n as i64) < RETAIN_BATCH || started.elapsed() >= budget {
             return Ok(deleted);

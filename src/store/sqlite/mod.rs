@@ -21,7 +21,8 @@
 //! 1,000 private caches.
 //!
 //! Files by concern: this one holds the store and its [`Store`] impl;
-//! [`schema`] (tables and migrations), [`connections`] (the writer's
+//! [`schema`] (tables and migrations), [`errors`] (SQLite's errors
+//! kept whole, by kind), [`connections`] (the writer's
 //! set-up, the reader pool, the memory budget), [`flush`] (a flush's
 //! transaction and the fsync after it) with [`write`] (what a flush writes),
 //! [`log`] (the change log's format), [`hot`] (memory of recent counters),
@@ -47,13 +48,14 @@ use super::{
 use crate::domain::{Clock, Counter, CounterKey, DaySet, Window};
 use background::Idle;
 use connections::Readers;
+use errors::sql;
 use flush::Writes;
 use hooks::Hooks;
 
 pub use background::idempotency_ids;
 pub use connections::{memory_used, set_memory_budget};
 #[cfg(any(test, feature = "test-hooks"))]
-pub use hooks::{FoldHold, FsyncFault};
+pub use hooks::{FoldHold, FsyncFault, WriterSql};
 
 /// How hard a commit insists on reaching the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -68,6 +70,7 @@ pub enum Durability {
 mod backfill;
 mod background;
 mod connections;
+mod errors;
 mod flush;
 mod fold;
 mod hooks;
@@ -277,10 +280,6 @@ impl SqliteStore {
     }
 }
 
-fn internal(e: rusqlite::Error) -> StoreError {
-    StoreError::Internal(format!("sqlite: {e}"))
-}
-
 fn internal_msg(m: &str) -> StoreError {
     StoreError::Internal(format!("sqlite: {m}"))
 }
@@ -329,7 +328,7 @@ impl Store for SqliteStore {
                     })
                     .optional()
                 })
-                .map_err(internal)
+                .map_err(sql("store::get"))
         })
         .await
     }
@@ -346,7 +345,7 @@ impl Store for SqliteStore {
                     "SELECT action, value, category, first_ts, recorded_ts FROM counters
                      WHERE entity = ?1 AND uuid = ?2 ORDER BY action",
                 )
-                .map_err(internal)?;
+                .map_err(sql("store::target_counters"))?;
             let rows = s
                 .query_map(params![&*entity, &*uuid], |r| {
                     let action: String = r.get("action")?;
@@ -360,8 +359,9 @@ impl Store for SqliteStore {
                         None => read_counter(r, key),
                     }
                 })
-                .map_err(internal)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(internal)
+                .map_err(sql("store::target_counters"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(sql("store::target_counters"))
         })
         .await
     }
@@ -373,7 +373,7 @@ impl Store for SqliteStore {
             // Folded first: the log then holds nothing of this counter.
             w.fold_all()?;
             w.hot.lock().remove(&key);
-            let tx = w.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(internal)?;
+            let tx = w.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sql("store::delete"))?;
             let cid: Option<i64> = tx
                 .query_row(
                     "DELETE FROM counters WHERE entity = ?1 AND action = ?2 AND uuid = ?3 RETURNING cid",
@@ -381,16 +381,16 @@ impl Store for SqliteStore {
                     |r| r.get(0),
                 )
                 .optional()
-                .map_err(internal)?;
+                .map_err(sql("store::delete"))?;
             if let Some(cid) = cid {
-                tx.execute("DELETE FROM buckets WHERE cid = ?1", [cid]).map_err(internal)?;
+                tx.execute("DELETE FROM buckets WHERE cid = ?1", [cid]).map_err(sql("store::delete"))?;
                 windows::forget(&tx, cid)?;
             }
             marks::forget(&tx, &key)?;
             // Its window totals leave memory with the commit: a later
             // counter given the same cid inherits nothing.
             let mut hot = w.hot.lock();
-            tx.commit().map_err(internal)?;
+            tx.commit().map_err(sql("store::delete"))?;
             if let Some(cid) = cid {
                 hot.windows.remove(cid);
             }
@@ -562,7 +562,7 @@ impl Store for SqliteStore {
                 let tx = w
                     .conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(internal)?;
+                    .map_err(sql("store::set_days"))?;
                 let mut cids = Vec::new();
                 let out = backfill::set_days_in(&tx, &sets, &mut cids)?;
                 if matches!(out, DaysOutcome::Applied { .. }) {
@@ -651,7 +651,7 @@ impl Store for SqliteStore {
                 let tx = w
                     .conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(internal)?;
+                    .map_err(sql("store::import"))?;
                 let mut cids = Vec::new();
                 let out = transfer::import_in(&tx, &batch, &mut cids)?;
                 if out == ImportOutcome::Applied {

@@ -13,7 +13,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::hot::Hot;
-use super::{internal, read_counter};
+use super::{read_counter, sql};
 use crate::domain::{Counter, CounterKey};
 use crate::store::StoreError;
 
@@ -37,7 +37,9 @@ pub(super) fn unwritten_wanted(
     if wanted.len() == counters.len() {
         return Ok(());
     }
-    let mut s = tx.prepare_cached(BY_KEY).map_err(internal)?;
+    let mut s = tx
+        .prepare_cached(BY_KEY)
+        .map_err(sql("multiget::unwritten_wanted"))?;
     for k in wanted {
         if counters.contains_key(k) {
             continue;
@@ -51,7 +53,7 @@ pub(super) fn unwritten_wanted(
                 read_counter(r, k.clone())
             })
             .optional()
-            .map_err(internal)?;
+            .map_err(sql("multiget::unwritten_wanted"))?;
         if let Some(c) = found {
             counters.insert(k.clone(), c);
         }
@@ -67,9 +69,13 @@ pub(super) fn counters(
     keys: &[CounterKey],
     hot: &Hot,
 ) -> Result<Vec<Option<Counter>>, StoreError> {
-    let tx = conn.unchecked_transaction().map_err(internal)?;
+    let tx = conn
+        .unchecked_transaction()
+        .map_err(sql("multiget::counters"))?;
     let found = {
-        let mut s = tx.prepare_cached(BY_KEY).map_err(internal)?;
+        let mut s = tx
+            .prepare_cached(BY_KEY)
+            .map_err(sql("multiget::counters"))?;
         keys.iter()
             .map(|k| {
                 if let Some(e) = hot.get(k) {
@@ -81,10 +87,10 @@ pub(super) fn counters(
                 .optional()
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(internal)?
+            .map_err(sql("multiget::counters"))?
     };
     // Read only: the commit just ends the snapshot.
-    tx.commit().map_err(internal)?;
+    tx.commit().map_err(sql("multiget::counters"))?;
     Ok(found)
 }
 

@@ -6,7 +6,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::hot::Hot;
-use super::internal;
+use super::sql;
 use super::windows::{join, split_sum};
 use crate::domain::AverageDelta;
 use crate::domain::{Counter, CounterKey, Window};
@@ -76,7 +76,7 @@ pub(super) fn write_averages(
             no_overflow("sum"),
             no_overflow("quantity")
         ))
-        .map_err(internal)?;
+        .map_err(sql("queries::write_averages"))?;
     let mut bucket = tx
         .prepare_cached(&format!(
             "INSERT INTO average_buckets (day, aid, sum, quantity) VALUES (?1, ?2, ?3, ?4)
@@ -86,7 +86,7 @@ pub(super) fn write_averages(
             no_overflow("sum"),
             no_overflow("quantity")
         ))
-        .map_err(internal)?;
+        .map_err(sql("queries::write_averages"))?;
     for a in averages {
         let (Ok(sum), Ok(quantity)) = (i64::try_from(a.sum), i64::try_from(a.quantity)) else {
             return Ok(Err(a.key.clone()));
@@ -107,7 +107,7 @@ pub(super) fn write_averages(
                 |r| r.get(0),
             )
             .optional()
-            .map_err(internal)?;
+            .map_err(sql("queries::write_averages"))?;
         let Some(aid) = aid else {
             return Ok(Err(a.key.clone()));
         };
@@ -116,7 +116,11 @@ pub(super) fn write_averages(
                 return Ok(Err(a.key.clone()));
             };
             *writes += 1;
-            if bucket.execute(params![day, aid, s, q]).map_err(internal)? == 0 {
+            if bucket
+                .execute(params![day, aid, s, q])
+                .map_err(sql("queries::write_averages"))?
+                == 0
+            {
                 return Ok(Err(a.key.clone()));
             }
         }
@@ -137,14 +141,14 @@ pub(super) fn histogram(
             })
             .optional()
         })
-        .map_err(internal)?;
+        .map_err(sql("queries::histogram"))?;
     let Some(cid) = cid else { return Ok(None) };
     let mut s = conn
         .prepare_cached(
             "SELECT day, value FROM buckets INDEXED BY buckets_by_counter
              WHERE cid = ?1 AND day BETWEEN ?2 AND ?3 ORDER BY day",
         )
-        .map_err(internal)?;
+        .map_err(sql("queries::histogram"))?;
     let rows = s
         .query_map(params![cid, window.from_day, window.to_day], |r| {
             Ok(Bucket {
@@ -152,10 +156,10 @@ pub(super) fn histogram(
                 value: r.get(1)?,
             })
         })
-        .map_err(internal)?;
+        .map_err(sql("queries::histogram"))?;
     rows.collect::<Result<Vec<_>, _>>()
         .map(Some)
-        .map_err(internal)
+        .map_err(sql("queries::histogram"))
 }
 
 fn limit(size: usize) -> i64 {
@@ -181,17 +185,18 @@ pub(super) fn top(conn: &Connection, q: &TopQuery) -> Result<TopList, StoreError
                      WHERE entity = ?1 AND action = ?2 AND (?3 IS NULL OR category = ?3)
                      ORDER BY value DESC, uuid LIMIT ?4",
                 )
-                .map_err(internal)?;
+                .map_err(sql("queries::top"))?;
             let rows = s
                 .query_map(params![q.entity, q.action, q.category, limit(q.size)], read)
-                .map_err(internal)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(internal)?
+                .map_err(sql("queries::top"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(sql("queries::top"))?
         }
         Some(w) => match summed_top(conn, q, w, false) {
             Err(e) if overflowed(&e) => summed_top(conn, q, w, true),
             r => r,
         }
-        .map_err(internal)?,
+        .map_err(sql("queries::top"))?,
     };
     Ok(TopList {
         entries,
@@ -219,22 +224,25 @@ pub(super) fn top_all_time(
              WHERE entity = ?1 AND action = ?2 AND (?3 IS NULL OR category = ?3)
              ORDER BY value DESC, uuid",
         )
-        .map_err(internal)?;
+        .map_err(sql("queries::top_all_time"))?;
     let mut rows = s
         .query(params![q.entity, q.action, q.category])
-        .map_err(internal)?;
+        .map_err(sql("queries::top_all_time"))?;
     let mut entries = Vec::with_capacity(q.size);
     while entries.len() < q.size {
-        let Some(r) = rows.next().map_err(internal)? else {
+        let Some(r) = rows.next().map_err(sql("queries::top_all_time"))? else {
             break;
         };
-        if hot.is_pending(r.get(0).map_err(internal)?) {
+        if hot.is_pending(r.get(0).map_err(sql("queries::top_all_time"))?) {
             continue;
         }
         entries.push(TopEntry {
-            uuid: r.get(1).map_err(internal)?,
-            value: r.get::<_, i64>(2).map_err(internal)?.into(),
-            category: r.get(3).map_err(internal)?,
+            uuid: r.get(1).map_err(sql("queries::top_all_time"))?,
+            value: r
+                .get::<_, i64>(2)
+                .map_err(sql("queries::top_all_time"))?
+                .into(),
+            category: r.get(3).map_err(sql("queries::top_all_time"))?,
         });
     }
     let held = hot
@@ -338,13 +346,13 @@ pub(super) fn stale(conn: &Connection, q: &StaleQuery) -> Result<Vec<Counter>, S
                 .prepare_cached(&format!(
                     "SELECT {COLS} FROM counters WHERE recorded_ts < ?1 AND {FILTER} {ORDER}"
                 ))
-                .map_err(internal)?;
+                .map_err(sql("queries::stale"))?;
             let rows = s
                 .query_map(
                     params![q.before_ms, q.entity, q.action, limit(q.limit)],
                     read,
                 )
-                .map_err(internal)?;
+                .map_err(sql("queries::stale"))?;
             rows.collect::<Result<Vec<_>, _>>()
         }
         Some((ts, k)) => {
@@ -355,7 +363,7 @@ pub(super) fn stale(conn: &Connection, q: &StaleQuery) -> Result<Vec<Counter>, S
                      WHERE recorded_ts < ?1 AND recorded_ts >= ?5 AND {FILTER}
                        AND (recorded_ts, entity, action, uuid) > (?5, ?6, ?7, ?8) {ORDER}"
                 ))
-                .map_err(internal)?;
+                .map_err(sql("queries::stale"))?;
             let rows = s
                 .query_map(
                     params![
@@ -370,11 +378,11 @@ pub(super) fn stale(conn: &Connection, q: &StaleQuery) -> Result<Vec<Counter>, S
                     ],
                     read,
                 )
-                .map_err(internal)?;
+                .map_err(sql("queries::stale"))?;
             rows.collect::<Result<Vec<_>, _>>()
         }
     };
-    rows.map_err(internal)
+    rows.map_err(sql("queries::stale"))
 }
 
 /// The total is summed as high and low 32-bit halves, each of which fits
@@ -387,7 +395,7 @@ pub(super) fn unused(conn: &Connection, before_ms: i64) -> Result<Vec<UnusedPair
              FROM counters GROUP BY entity, action HAVING last < ?1
              ORDER BY last, entity, action",
         )
-        .map_err(internal)?;
+        .map_err(sql("queries::unused"))?;
     let rows = s
         .query_map([before_ms], |r| {
             let hi: i64 = r.get(3)?;
@@ -400,8 +408,9 @@ pub(super) fn unused(conn: &Connection, before_ms: i64) -> Result<Vec<UnusedPair
                 counters: r.get::<_, i64>(5)?.try_into().unwrap_or(0),
             })
         })
-        .map_err(internal)?;
-    rows.collect::<Result<Vec<_>, _>>().map_err(internal)
+        .map_err(sql("queries::unused"))?;
+    rows.collect::<Result<Vec<_>, _>>()
+        .map_err(sql("queries::unused"))
 }
 
 pub(super) fn average(
@@ -430,7 +439,7 @@ pub(super) fn average(
             })
             .optional()
         })
-        .map_err(internal)?;
+        .map_err(sql("queries::average"))?;
     let Some((aid, mut avg)) = row else {
         return Ok(None);
     };
@@ -453,7 +462,7 @@ pub(super) fn average(
                     Ok((halves(r, 0)?, halves(r, 2)?))
                 })
             })
-            .map_err(internal)?;
+            .map_err(sql("queries::average"))?;
         avg.sum = sum;
         avg.quantity = quantity;
     }
@@ -479,7 +488,7 @@ pub(super) fn top_averages(
         Err(e) if q.window.is_some() && overflowed(&e) => ranked_averages(conn, q, true),
         r => r,
     }
-    .map_err(internal)?;
+    .map_err(sql("queries::top_averages"))?;
     Ok(TopAverages {
         entries,
         exact: true,

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use super::{internal, marks, queries, windows};
+use super::{marks, queries, sql, windows};
 use crate::store::StoreError;
 
 /// 2: indexes for top lists and reports, average counters (`queries::SCHEMA_V2`).
@@ -72,7 +72,7 @@ CREATE TABLE IF NOT EXISTS fold_state (
 pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(internal)?;
+        .map_err(sql("schema::migrate"))?;
     if version > SCHEMA_VERSION {
         return Err(StoreError::Internal(format!(
             "database schema version {version} is newer than this build understands ({SCHEMA_VERSION})"
@@ -82,25 +82,29 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
     // opening a new tenant that took longest.
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(internal)?;
-    tx.execute_batch(SCHEMA).map_err(internal)?;
-    tx.execute_batch(queries::SCHEMA_V2).map_err(internal)?;
+        .map_err(sql("schema::migrate"))?;
+    tx.execute_batch(SCHEMA).map_err(sql("schema::migrate"))?;
+    tx.execute_batch(queries::SCHEMA_V2)
+        .map_err(sql("schema::migrate"))?;
     if version < 6 {
-        tx.execute_batch(windows::OLD_TABLES).map_err(internal)?;
+        tx.execute_batch(windows::OLD_TABLES)
+            .map_err(sql("schema::migrate"))?;
     }
-    tx.execute_batch(&windows::schema()).map_err(internal)?;
-    tx.execute_batch(marks::SCHEMA).map_err(internal)?;
+    tx.execute_batch(&windows::schema())
+        .map_err(sql("schema::migrate"))?;
+    tx.execute_batch(marks::SCHEMA)
+        .map_err(sql("schema::migrate"))?;
     let named = marks::backfill_keys(&tx)?;
     marks::note_keying(&tx)?;
     if named > 0 {
         tracing::info!(counters = named, path = %path.display(), "named the counters of actor marks made by an earlier version");
     }
-    tx.commit().map_err(internal)?;
+    tx.commit().map_err(sql("schema::migrate"))?;
     Ok(())
 }
 
 /// Records that the database is of this build's schema.
 pub(super) fn mark_current(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
-        .map_err(internal)
+        .map_err(sql("schema::mark_current"))
 }

@@ -13,7 +13,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::backfill::set_days_in;
-use super::internal;
+use super::sql;
 use crate::domain::{Counter, CounterKey};
 use crate::store::{
     AverageBucket, AverageHistory, AverageImport, Bucket, CounterHistory, CounterImport,
@@ -37,7 +37,9 @@ pub(super) fn counter_page(
     limit: usize,
     from_day: i64,
 ) -> Result<Vec<CounterHistory>, StoreError> {
-    let tx = conn.unchecked_transaction().map_err(internal)?;
+    let tx = conn
+        .unchecked_transaction()
+        .map_err(sql("transfer::counter_page"))?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let cols =
         "SELECT cid, entity, action, uuid, value, category, first_ts, recorded_ts FROM counters";
@@ -68,10 +70,10 @@ pub(super) fn counter_page(
             .prepare_cached(&format!("{cols} ORDER BY entity, action, uuid LIMIT ?1"))
             .and_then(|mut s| s.query_map(params![limit], read)?.collect()),
     }
-    .map_err(internal)?;
+    .map_err(sql("transfer::counter_page"))?;
     let mut days = tx
         .prepare_cached("SELECT day, value FROM buckets WHERE cid = ?1 AND day >= ?2 ORDER BY day")
-        .map_err(internal)?;
+        .map_err(sql("transfer::counter_page"))?;
     let mut out = Vec::with_capacity(rows.len());
     for (cid, counter) in rows {
         let buckets = days
@@ -82,7 +84,7 @@ pub(super) fn counter_page(
                 })
             })
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(internal)?;
+            .map_err(sql("transfer::counter_page"))?;
         out.push(CounterHistory {
             counter,
             days: buckets,
@@ -98,7 +100,9 @@ pub(super) fn average_page(
     limit: usize,
     from_day: i64,
 ) -> Result<Vec<AverageHistory>, StoreError> {
-    let tx = conn.unchecked_transaction().map_err(internal)?;
+    let tx = conn
+        .unchecked_transaction()
+        .map_err(sql("transfer::average_page"))?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let cols = "SELECT aid, entity, action, uuid, sum, quantity, category, first_ts, recorded_ts FROM averages";
     let read = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(i64, AverageHistory)> {
@@ -129,13 +133,13 @@ pub(super) fn average_page(
             .prepare_cached(&format!("{cols} ORDER BY entity, action, uuid LIMIT ?1"))
             .and_then(|mut s| s.query_map(params![limit], read)?.collect()),
     }
-    .map_err(internal)?;
+    .map_err(sql("transfer::average_page"))?;
     let mut days = tx
         .prepare_cached(
             "SELECT day, sum, quantity FROM average_buckets
              WHERE aid = ?1 AND day >= ?2 ORDER BY day",
         )
-        .map_err(internal)?;
+        .map_err(sql("transfer::average_page"))?;
     let mut out = Vec::with_capacity(rows.len());
     for (aid, mut average) in rows {
         average.days = days
@@ -147,7 +151,7 @@ pub(super) fn average_page(
                 })
             })
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(internal)?;
+            .map_err(sql("transfer::average_page"))?;
         out.push(average);
     }
     Ok(out)
@@ -199,7 +203,7 @@ fn import_counter(
             s.query_row(params![&*k.entity, &*k.action, &*k.uuid], |r| r.get(0))
                 .optional()
         })
-        .map_err(internal)?;
+        .map_err(sql("transfer::import_counter"))?;
     let cid = match found {
         Some(cid) => cid,
         None => tx
@@ -213,38 +217,43 @@ fn import_counter(
                     |r| r.get(0),
                 )
             })
-            .map_err(internal)?,
+            .map_err(sql("transfer::import_counter"))?,
     };
     {
         let mut old = tx
             .prepare_cached("SELECT value FROM buckets WHERE day = ?1 AND cid = ?2")
-            .map_err(internal)?;
+            .map_err(sql("transfer::import_counter"))?;
         let mut put = tx
             .prepare_cached(
                 "INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)
                  ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
             )
-            .map_err(internal)?;
+            .map_err(sql("transfer::import_counter"))?;
         for b in &c.days {
             let was: Option<i64> = old
                 .query_row(params![b.day, cid], |r| r.get(0))
                 .optional()
-                .map_err(internal)?;
+                .map_err(sql("transfer::import_counter"))?;
             if was == Some(b.value) {
                 continue;
             }
             put.execute(params![b.day, cid, b.value])
-                .map_err(internal)?;
+                .map_err(sql("transfer::import_counter"))?;
         }
     }
     let mut total = c.before;
     {
         let mut s = tx
             .prepare_cached("SELECT value FROM buckets WHERE cid = ?1 AND day >= ?2")
-            .map_err(internal)?;
-        let mut rows = s.query(params![cid, oldest_day]).map_err(internal)?;
-        while let Some(r) = rows.next().map_err(internal)? {
-            total += i128::from(r.get::<_, i64>(0).map_err(internal)?);
+            .map_err(sql("transfer::import_counter"))?;
+        let mut rows = s
+            .query(params![cid, oldest_day])
+            .map_err(sql("transfer::import_counter"))?;
+        while let Some(r) = rows.next().map_err(sql("transfer::import_counter"))? {
+            total += i128::from(
+                r.get::<_, i64>(0)
+                    .map_err(sql("transfer::import_counter"))?,
+            );
         }
     }
     let Ok(total) = i64::try_from(total) else {
@@ -264,7 +273,7 @@ fn import_counter(
             c.recorded_ms
         ])
     })
-    .map_err(internal)?;
+    .map_err(sql("transfer::import_counter"))?;
     cids.push(cid);
     Ok(true)
 }
@@ -278,7 +287,7 @@ fn import_average(tx: &Connection, a: &AverageImport, oldest_day: i64) -> Result
             s.query_row(params![&*k.entity, &*k.action, &*k.uuid], |r| r.get(0))
                 .optional()
         })
-        .map_err(internal)?;
+        .map_err(sql("transfer::import_average"))?;
     let aid = match found {
         Some(aid) => aid,
         None => tx
@@ -292,7 +301,7 @@ fn import_average(tx: &Connection, a: &AverageImport, oldest_day: i64) -> Result
                     |r| r.get(0),
                 )
             })
-            .map_err(internal)?,
+            .map_err(sql("transfer::import_average"))?,
     };
     {
         let mut put = tx
@@ -300,10 +309,10 @@ fn import_average(tx: &Connection, a: &AverageImport, oldest_day: i64) -> Result
                 "INSERT INTO average_buckets (day, aid, sum, quantity) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (day, aid) DO UPDATE SET sum = excluded.sum, quantity = excluded.quantity",
             )
-            .map_err(internal)?;
+            .map_err(sql("transfer::import_average"))?;
         for b in &a.days {
             put.execute(params![b.day, aid, b.sum, b.quantity])
-                .map_err(internal)?;
+                .map_err(sql("transfer::import_average"))?;
         }
     }
     let (mut sum, mut quantity) = (a.before_sum, a.before_quantity);
@@ -312,11 +321,19 @@ fn import_average(tx: &Connection, a: &AverageImport, oldest_day: i64) -> Result
             .prepare_cached(
                 "SELECT sum, quantity FROM average_buckets WHERE aid = ?1 AND day >= ?2",
             )
-            .map_err(internal)?;
-        let mut rows = s.query(params![aid, oldest_day]).map_err(internal)?;
-        while let Some(r) = rows.next().map_err(internal)? {
-            sum += i128::from(r.get::<_, i64>(0).map_err(internal)?);
-            quantity += i128::from(r.get::<_, i64>(1).map_err(internal)?);
+            .map_err(sql("transfer::import_average"))?;
+        let mut rows = s
+            .query(params![aid, oldest_day])
+            .map_err(sql("transfer::import_average"))?;
+        while let Some(r) = rows.next().map_err(sql("transfer::import_average"))? {
+            sum += i128::from(
+                r.get::<_, i64>(0)
+                    .map_err(sql("transfer::import_average"))?,
+            );
+            quantity += i128::from(
+                r.get::<_, i64>(1)
+                    .map_err(sql("transfer::import_average"))?,
+            );
         }
     }
     let (Ok(sum), Ok(quantity)) = (i64::try_from(sum), i64::try_from(quantity)) else {
@@ -337,6 +354,6 @@ fn import_average(tx: &Connection, a: &AverageImport, oldest_day: i64) -> Result
             a.recorded_ms
         ])
     })
-    .map_err(internal)?;
+    .map_err(sql("transfer::import_average"))?;
     Ok(true)
 }

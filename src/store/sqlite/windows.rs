@@ -38,7 +38,7 @@ pub(super) mod upkeep;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::hot;
-use super::{internal, internal_msg};
+use super::{internal_msg, sql};
 use crate::domain::{Window, NAMED_INTERVALS};
 use crate::store::{StoreError, TopEntry, TopQuery};
 use memory::{Memory, Sums};
@@ -232,7 +232,7 @@ pub(super) fn load_state(conn: &Connection) -> Result<Option<State>, StoreError>
             })
             .optional()
         })
-        .map_err(internal)
+        .map_err(sql("windows::load_state"))
 }
 
 fn save_state(tx: &Connection, s: &State) -> Result<(), StoreError> {
@@ -240,14 +240,14 @@ fn save_state(tx: &Connection, s: &State) -> Result<(), StoreError> {
         "INSERT OR REPLACE INTO windows_state (id, anchor, parity, copied) VALUES (1, ?1, ?2, ?3)",
     )
     .and_then(|mut st| st.execute(params![s.anchor, s.parity, s.copied]))
-    .map_err(internal)?;
+    .map_err(sql("windows::save_state"))?;
     Ok(())
 }
 
 /// The tables are not kept any more (a rebuild is due).
 pub(super) fn drop_state(tx: &Connection) -> Result<(), StoreError> {
     tx.execute("DELETE FROM windows_state", [])
-        .map_err(internal)?;
+        .map_err(sql("windows::drop_state"))?;
     Ok(())
 }
 
@@ -270,7 +270,7 @@ fn take(tx: &Connection, t: &str, cid: i64) -> Result<Totals, StoreError> {
     ))
     .and_then(|mut s| s.query_row([cid], |r| read_totals(r, 0)).optional())
     .map(|t| t.unwrap_or([None; 4]))
-    .map_err(internal)
+    .map_err(sql("windows::take"))
 }
 
 /// A counter a flush touches comes to memory: its rows are deleted (their
@@ -291,7 +291,7 @@ pub(super) fn take_rows(tx: &Connection, state: &State, cid: i64) -> Result<Sums
 pub(super) fn mark_dirty(tx: &Connection, cid: i64) -> Result<(), StoreError> {
     tx.prepare_cached("INSERT OR IGNORE INTO windows_dirty (cid) VALUES (?1)")
         .and_then(|mut s| s.execute([cid]))
-        .map_err(internal)?;
+        .map_err(sql("windows::mark_dirty"))?;
     Ok(())
 }
 
@@ -324,7 +324,7 @@ fn put(tx: &Connection, t: &str, h: &memory::Held, totals: &Totals) -> Result<()
             yl
         ])
     })
-    .map_err(internal)?;
+    .map_err(sql("windows::put"))?;
     Ok(())
 }
 
@@ -344,7 +344,7 @@ pub(super) fn write_rows(
     }
     tx.prepare_cached("DELETE FROM windows_dirty WHERE cid = ?1")
         .and_then(|mut s| s.execute([h.cid]))
-        .map_err(internal)?;
+        .map_err(sql("windows::write_rows"))?;
     Ok(())
 }
 
@@ -354,11 +354,11 @@ pub(super) fn forget(tx: &Connection, cid: i64) -> Result<(), StoreError> {
     for t in TABLES {
         tx.prepare_cached(&format!("DELETE FROM {t} WHERE cid = ?1"))
             .and_then(|mut s| s.execute([cid]))
-            .map_err(internal)?;
+            .map_err(sql("windows::forget"))?;
     }
     tx.prepare_cached("DELETE FROM windows_dirty WHERE cid = ?1")
         .and_then(|mut s| s.execute([cid]))
-        .map_err(internal)?;
+        .map_err(sql("windows::forget"))?;
     Ok(())
 }
 
@@ -379,7 +379,7 @@ fn held_key(tx: &Connection, cid: i64) -> Result<Option<memory::Held>, StoreErro
             })
             .optional()
         })
-        .map_err(internal)
+        .map_err(sql("windows::held_key"))
 }
 
 /// Recomputes the rows of `cid` from its buckets (exact there: the caller
@@ -395,12 +395,15 @@ pub(super) fn recompute(tx: &Connection, state: &State, cid: i64) -> Result<(), 
             "SELECT day, value FROM buckets INDEXED BY buckets_by_counter
              WHERE cid = ?1 AND day BETWEEN ?2 AND ?3",
         )
-        .map_err(internal)?;
+        .map_err(sql("windows::recompute"))?;
     let mut rows = s
         .query(params![cid, state.first_day(), state.anchor + 1])
-        .map_err(internal)?;
-    while let Some(r) = rows.next().map_err(internal)? {
-        let (day, value): (i64, i64) = (r.get(0).map_err(internal)?, r.get(1).map_err(internal)?);
+        .map_err(sql("windows::recompute"))?;
+    while let Some(r) = rows.next().map_err(sql("windows::recompute"))? {
+        let (day, value): (i64, i64) = (
+            r.get(0).map_err(sql("windows::recompute"))?,
+            r.get(1).map_err(sql("windows::recompute"))?,
+        );
         h.sums.add(state, day, i128::from(value));
     }
     write_rows(tx, state, &h)
@@ -423,7 +426,7 @@ pub(super) fn flip(tx: &Connection, state: &State) -> Result<State, StoreError> 
 /// (one statement: SQLite frees its pages without reading every row).
 pub(super) fn clear_next(tx: &Connection, state: &State) -> Result<State, StoreError> {
     tx.execute(&format!("DELETE FROM {}", state.table(Side::Next)), [])
-        .map_err(internal)?;
+        .map_err(sql("windows::clear_next"))?;
     let next = State {
         copied: 0,
         ..*state
@@ -449,7 +452,7 @@ fn bucket(
     }
     tx.prepare_cached("SELECT value FROM buckets WHERE day = ?1 AND cid = ?2")
         .and_then(|mut s| s.query_row(params![day, cid], |r| r.get(0)).optional())
-        .map_err(internal)
+        .map_err(sql("windows::bucket"))
 }
 
 /// Whether counter `cid` has a bucket in `from..=to` (pending ones included).
@@ -469,7 +472,7 @@ fn any_bucket(
     )
     .and_then(|mut s| s.query_row(params![cid, from, to], |_| Ok(())).optional())
     .map(|o| o.is_some())
-    .map_err(internal)
+    .map_err(sql("windows::any_bucket"))
 }
 
 /// The totals ending on the day after, from those ending on the anchor:
@@ -524,7 +527,7 @@ pub(super) fn copy_chunk(
              FROM {} WHERE cid > ?1 ORDER BY cid LIMIT ?2",
             state.table(Side::Cur)
         ))
-        .map_err(internal)?;
+        .map_err(sql("windows::copy_chunk"))?;
     let cur: Vec<memory::Held> = s
         .query_map(params![after, rows as i64], |r| {
             Ok(memory::Held {
@@ -540,7 +543,7 @@ pub(super) fn copy_chunk(
             })
         })
         .and_then(|rows| rows.collect())
-        .map_err(internal)?;
+        .map_err(sql("windows::copy_chunk"))?;
     // The chunk ends at its last row; the last chunk takes everything left.
     let upto = if cur.len() == rows {
         cur.last().map_or(COMPLETE, |h| h.cid)
@@ -557,7 +560,7 @@ pub(super) fn copy_chunk(
             s.query_map(params![day, after, upto], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect()
         })
-        .map_err(internal)
+        .map_err(sql("windows::copy_chunk"))
     };
     let leaving: Vec<_> = LENGTHS
         .iter()
@@ -657,7 +660,7 @@ pub(super) fn rebuild(tx: &Connection, today: i64) -> Result<State, StoreError> 
         copied: COMPLETE,
     };
     tx.execute_batch("DELETE FROM windows_dirty; DELETE FROM windows_a; DELETE FROM windows_b;")
-        .map_err(internal)?;
+        .map_err(sql("windows::rebuild"))?;
     drop_indexes(tx)?;
     {
         let mut buckets = tx
@@ -666,10 +669,10 @@ pub(super) fn rebuild(tx: &Connection, today: i64) -> Result<State, StoreError> 
                  FROM buckets b INDEXED BY buckets_by_counter JOIN counters c ON c.cid = b.cid
                  WHERE b.day BETWEEN ?1 AND ?2 ORDER BY b.cid",
             )
-            .map_err(internal)?;
+            .map_err(sql("windows::rebuild"))?;
         let mut rows = buckets
             .query(params![state.first_day(), today + 1])
-            .map_err(internal)?;
+            .map_err(sql("windows::rebuild"))?;
         let mut held: Option<memory::Held> = None;
         let flush = |h: &memory::Held| -> Result<(), StoreError> {
             put(tx, state.table(Side::Cur), h, &h.sums.cur)?;
@@ -680,8 +683,8 @@ pub(super) fn rebuild(tx: &Connection, today: i64) -> Result<State, StoreError> 
                 h.sums.next.as_ref().unwrap_or(&[None; 4]),
             )
         };
-        while let Some(r) = rows.next().map_err(internal)? {
-            let cid: i64 = r.get(0).map_err(internal)?;
+        while let Some(r) = rows.next().map_err(sql("windows::rebuild"))? {
+            let cid: i64 = r.get(0).map_err(sql("windows::rebuild"))?;
             if held.as_ref().is_some_and(|h| h.cid != cid) {
                 if let Some(h) = held.take() {
                     flush(&h)?;
@@ -691,18 +694,29 @@ pub(super) fn rebuild(tx: &Connection, today: i64) -> Result<State, StoreError> 
                 Some(h) => h,
                 None => held.insert(memory::Held {
                     cid,
-                    entity: r.get::<_, String>(3).map_err(internal)?.into(),
-                    action: r.get::<_, String>(4).map_err(internal)?.into(),
-                    uuid: r.get::<_, String>(5).map_err(internal)?.into(),
+                    entity: r
+                        .get::<_, String>(3)
+                        .map_err(sql("windows::rebuild"))?
+                        .into(),
+                    action: r
+                        .get::<_, String>(4)
+                        .map_err(sql("windows::rebuild"))?
+                        .into(),
+                    uuid: r
+                        .get::<_, String>(5)
+                        .map_err(sql("windows::rebuild"))?
+                        .into(),
                     category: r
                         .get::<_, Option<String>>(6)
-                        .map_err(internal)?
+                        .map_err(sql("windows::rebuild"))?
                         .map(Into::into),
                     sums: Sums::none(),
                 }),
             };
-            let (day, value): (i64, i64) =
-                (r.get(1).map_err(internal)?, r.get(2).map_err(internal)?);
+            let (day, value): (i64, i64) = (
+                r.get(1).map_err(sql("windows::rebuild"))?,
+                r.get(2).map_err(sql("windows::rebuild"))?,
+            );
             h.sums.add(&state, day, i128::from(value));
         }
         if let Some(h) = held {
@@ -716,19 +730,21 @@ pub(super) fn rebuild(tx: &Connection, today: i64) -> Result<State, StoreError> 
 
 /// Drops the top indexes of both tables, before writing rows in bulk.
 pub(super) fn drop_indexes(tx: &Connection) -> Result<(), StoreError> {
-    let mut sql = String::new();
+    let mut drops = String::new();
     for t in TABLES {
         for len in LENGTHS {
-            sql.push_str(&format!("DROP INDEX IF EXISTS {t}_{len};"));
+            drops.push_str(&format!("DROP INDEX IF EXISTS {t}_{len};"));
         }
     }
-    tx.execute_batch(&sql).map_err(internal)
+    tx.execute_batch(&drops)
+        .map_err(sql("windows::drop_indexes"))
 }
 
 /// Builds the top indexes of both tables again (one sort each).
 pub(super) fn create_indexes(tx: &Connection) -> Result<(), StoreError> {
-    let sql: String = TABLES.iter().map(|t| indexes(t)).collect();
-    tx.execute_batch(&sql).map_err(internal)
+    let creates: String = TABLES.iter().map(|t| indexes(t)).collect();
+    tx.execute_batch(&creates)
+        .map_err(sql("windows::create_indexes"))
 }
 
 /// Rows in the current table (a scan of its smallest index).
@@ -738,7 +754,7 @@ pub(super) fn rows(conn: &Connection, state: &State) -> Result<i64, StoreError> 
         [],
         |r| r.get(0),
     )
-    .map_err(internal)
+    .map_err(sql("windows::rows"))
 }
 
 /// The top list of the named window `w` (index in [`LENGTHS`]) ending on
@@ -773,7 +789,7 @@ pub(super) fn top(
              ORDER BY {hi} DESC, {lo} DESC, uuid LIMIT ?4",
             len = LENGTHS[w]
         ))
-        .map_err(internal)?;
+        .map_err(sql("windows::top"))?;
     let mut entries = s
         .query_map(
             params![
@@ -791,7 +807,7 @@ pub(super) fn top(
             },
         )
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-        .map_err(internal)?;
+        .map_err(sql("windows::top"))?;
     if !held.is_empty() {
         entries.extend(held);
         entries.sort_by(|a, b| b.value.cmp(&a.value).then_with(|| a.uuid.cmp(&b.uuid)));

@@ -25,7 +25,7 @@ use super::windows::{self, memory::Sums};
 /// Pending counters (with deltas in the log) past which a counter with none
 /// is written directly instead of logged; see the module documentation.
 pub(super) const DIRECT_PENDING: usize = 32_768;
-use super::{internal, log, queries};
+use super::{log, queries, sql};
 use crate::domain::{Coalesced, Counter, CounterKey, KeyDelta};
 use crate::store::StoreError;
 
@@ -226,7 +226,7 @@ impl<'h> Flush<'h> {
         }
         tx.prepare_cached("INSERT INTO counter_log (entries) VALUES (?1)")
             .and_then(|mut s| s.execute([blob.bytes()]))
-            .map_err(internal)?;
+            .map_err(sql("write::write"))?;
         let seq = tx.last_insert_rowid();
         for t in self
             .touched
@@ -448,7 +448,7 @@ fn complete(tx: &Connection, t: &mut Touch, kd: &KeyDelta) -> Result<(), StoreEr
                 )
                 .optional()
             })
-            .map_err(internal)?;
+            .map_err(sql("write::complete"))?;
         if let Some(e) = row {
             t.entry = e;
             t.new = false;
@@ -481,7 +481,7 @@ fn bucket(tx: &Connection, cid: i64, day: i64) -> Result<i64, StoreError> {
     tx.prepare_cached("SELECT value FROM buckets WHERE day = ?1 AND cid = ?2")
         .and_then(|mut s| s.query_row(params![day, cid], |r| r.get(0)).optional())
         .map(Option::unwrap_or_default)
-        .map_err(internal)
+        .map_err(sql("write::bucket"))
 }
 
 /// The statements that insert new counters, prepared once per flush.
@@ -498,10 +498,10 @@ impl<'c> NewRows<'c> {
                     "INSERT INTO counters (entity, action, uuid, value, category, first_ts, recorded_ts)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING cid",
                 )
-                .map_err(internal)?,
+                .map_err(sql("write::prepare"))?,
             bucket: tx
                 .prepare_cached("INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)")
-                .map_err(internal)?,
+                .map_err(sql("write::prepare"))?,
         })
     }
 
@@ -519,13 +519,13 @@ impl<'c> NewRows<'c> {
                 ],
                 |r| r.get(0),
             )
-            .map_err(internal)
+            .map_err(sql("write::counter"))
     }
 
     fn bucket(&mut self, cid: i64, day: i64, value: i64) -> Result<(), StoreError> {
         self.bucket
             .execute(params![day, cid, value])
-            .map_err(internal)?;
+            .map_err(sql("write::bucket"))?;
         Ok(())
     }
 }
@@ -545,13 +545,13 @@ impl<'c> DirectRows<'c> {
                     "UPDATE counters SET value = ?2, category = ?3, first_ts = ?4, recorded_ts = ?5
                      WHERE cid = ?1",
                 )
-                .map_err(internal)?,
+                .map_err(sql("write::prepare"))?,
             bucket: tx
                 .prepare_cached(
                     "INSERT INTO buckets (day, cid, value) VALUES (?1, ?2, ?3)
                      ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
                 )
-                .map_err(internal)?,
+                .map_err(sql("write::prepare"))?,
         })
     }
 
@@ -568,14 +568,14 @@ impl<'c> DirectRows<'c> {
                 e.first_ms,
                 e.recorded_ms
             ])
-            .map_err(internal)?;
+            .map_err(sql("write::write"))?;
         for &(day, _) in &t.deltas {
             let value = e
                 .day(day)
                 .ok_or_else(|| super::internal_msg("a direct write lacks the bucket it changed"))?;
             self.bucket
                 .execute(params![day, e.cid, value])
-                .map_err(internal)?;
+                .map_err(sql("write::write"))?;
         }
         Ok(())
     }

@@ -6,7 +6,7 @@
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use super::super::{internal, windows, Writer};
+use super::super::{sql, windows, Writer};
 use crate::store::StoreError;
 
 /// Counters whose window totals memory holds (about 200 bytes each) past
@@ -70,12 +70,12 @@ impl Writer {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(internal)?;
+            .map_err(sql("upkeep::write_back_chunk"))?;
         for h in &held {
             windows::write_rows(&tx, &state, h)?;
         }
         let mut hot = self.hot.lock();
-        tx.commit().map_err(internal)?;
+        tx.commit().map_err(sql("upkeep::write_back_chunk"))?;
         for h in &held {
             hot.windows.remove(h.cid);
         }
@@ -127,7 +127,7 @@ impl Writer {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(internal)?;
+            .map_err(sql("upkeep::write_back_bulk_past"))?;
         windows::drop_indexes(&tx)?;
         let mut sorted = cids;
         sorted.sort_unstable();
@@ -145,7 +145,7 @@ impl Writer {
         }
         windows::create_indexes(&tx)?;
         let mut hot = self.hot.lock();
-        tx.commit().map_err(internal)?;
+        tx.commit().map_err(sql("upkeep::write_back_bulk_past"))?;
         for &cid in &sorted {
             hot.windows.remove(cid);
         }
@@ -173,14 +173,14 @@ impl Writer {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(internal)?;
+            .map_err(sql("upkeep::windows_day"))?;
         if today != state.anchor + 1 {
             drop(tx);
             return self.drop_windows();
         }
         let next = windows::flip(&tx, &state)?;
         let mut hot = self.hot.lock();
-        tx.commit().map_err(internal)?;
+        tx.commit().map_err(sql("upkeep::windows_day"))?;
         hot.windows.flip(next);
         Ok(())
     }
@@ -192,10 +192,10 @@ impl Writer {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(internal)?;
+            .map_err(sql("upkeep::drop_windows"))?;
         windows::drop_state(&tx)?;
         let mut hot = self.hot.lock();
-        tx.commit().map_err(internal)?;
+        tx.commit().map_err(sql("upkeep::drop_windows"))?;
         hot.windows.state = None;
         hot.windows.clear();
         drop(hot);
@@ -227,10 +227,10 @@ impl Writer {
             let tx = self
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(internal)?;
+                .map_err(sql("upkeep::windows_step"))?;
             let state = windows::rebuild(&tx, today)?;
             let mut hot = self.hot.lock();
-            tx.commit().map_err(internal)?;
+            tx.commit().map_err(sql("upkeep::windows_step"))?;
             hot.windows.clear();
             hot.windows.state = Some(state);
             drop(hot);
@@ -246,17 +246,17 @@ impl Writer {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(internal)?;
+            .map_err(sql("upkeep::windows_step"))?;
         if state.copied < 0 {
             let next = windows::clear_next(&tx, &state)?;
             let mut hot = self.hot.lock();
-            tx.commit().map_err(internal)?;
+            tx.commit().map_err(sql("upkeep::windows_step"))?;
             hot.windows.state = Some(next);
             return Ok(true);
         }
         let copied = windows::copy_chunk(&tx, &state, &self.hot, WINDOWS_CHUNK)?;
         let mut hot = self.hot.lock();
-        tx.commit().map_err(internal)?;
+        tx.commit().map_err(sql("upkeep::windows_step"))?;
         for (cid, next) in &copied.next {
             hot.windows.set_next(*cid, next);
         }
@@ -276,7 +276,7 @@ pub(in crate::store::sqlite) fn open_windows(
 ) -> Result<windows::State, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(internal)?;
+        .map_err(sql("upkeep::open_windows"))?;
     let state = match windows::load_state(&tx)? {
         // Current, the day before, or the clock behind the anchor.
         Some(s) if today <= s.anchor + 1 => s,
@@ -285,7 +285,7 @@ pub(in crate::store::sqlite) fn open_windows(
     let held: Vec<i64> = tx
         .prepare("SELECT cid FROM windows_dirty")
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
-        .map_err(internal)?;
+        .map_err(sql("upkeep::open_windows"))?;
     for cid in held {
         windows::recompute(&tx, &state, cid)?;
     }
@@ -294,6 +294,6 @@ pub(in crate::store::sqlite) fn open_windows(
     } else {
         state
     };
-    tx.commit().map_err(internal)?;
+    tx.commit().map_err(sql("upkeep::open_windows"))?;
     Ok(state)
 }
