@@ -1,7 +1,8 @@
 //! A real three-node OpenSearch 2.19 cluster (three JVMs on loopback, one
 //! replica of every index) under traffic while its nodes fail: what the
 //! gateways answer, that writes resume by themselves, and that nothing
-//! acknowledged is lost. With event ids, totals are exact.
+//! acknowledged is lost. With event ids, totals are exact; without, a
+//! failover may add the one increment the engine replays (see `settle`).
 //!
 //! One test runs the scenarios in turn on one cluster (three JVMs are what
 //! the machine can hold; starting them is most of the time):
@@ -43,6 +44,11 @@ use tower::ServiceExt;
 const ACK_TIMEOUT: Duration = Duration::from_secs(15);
 const NODES: usize = 3;
 const KEYS: [&str; 2] = ["hot0", "hot1"];
+/// What a node's failure and its return may add to a counter written
+/// without event ids: each moves a primary (the failover, then the
+/// rebalancing once the node is back), and each move may run the one bulk
+/// in flight again on the new primary (see `settle`).
+const REPLAYS_OF_A_FAULT: u64 = 2;
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/opensearch.sh")
@@ -422,6 +428,26 @@ fn traffic(
     set
 }
 
+/// What a scenario's totals must be.
+#[derive(Clone, Copy)]
+enum Totals {
+    /// Every event counted once (event ids, or no primary moved).
+    Exact,
+    /// Without ids: every acknowledged increment, none that was not
+    /// attempted, but for up to `replays` the engine ran twice.
+    Bounded { replays: u64 },
+}
+
+/// The totals a scenario with a node's failure and return must show.
+fn totals(ids: Option<&str>) -> Totals {
+    match ids {
+        Some(_) => Totals::Exact,
+        None => Totals::Bounded {
+            replays: REPLAYS_OF_A_FAULT,
+        },
+    }
+}
+
 /// Stops the clients, then checks every key against what they saw.
 async fn settle(
     name: &str,
@@ -430,7 +456,7 @@ async fn settle(
     tally: &Tally,
     reader: &Router,
     base: [u64; 2],
-    exact: bool,
+    totals: Totals,
 ) -> [u64; 2] {
     stop.store(true, Ordering::Release);
     while let Some(r) = clients.join_next().await {
@@ -458,17 +484,35 @@ async fn settle(
             tally.attempted[k].load(Ordering::Acquire),
         );
         eprintln!("{name} {key}: +{got}, acknowledged {acked}, attempted {attempted}");
-        if exact {
-            assert_eq!(got, acked, "{name} {key}: with ids every event counts once");
-            assert_eq!(
-                acked, attempted,
-                "{name} {key}: every event ended acknowledged"
-            );
-        } else {
-            assert!(
-                acked <= got && got <= attempted,
-                "{name} {key}: +{got} outside [acknowledged {acked}, attempted {attempted}]"
-            );
+        match totals {
+            Totals::Exact => {
+                assert_eq!(got, acked, "{name} {key}: every event counts once");
+                assert_eq!(
+                    acked, attempted,
+                    "{name} {key}: every event ended acknowledged"
+                );
+            }
+            Totals::Bounded { replays } => {
+                // Without ids the engine itself may count one more: a
+                // shard request running when its primary fails or
+                // relocates is run again on the new primary, and a
+                // scripted increment that had already reached the replica
+                // is applied twice (the engine's replay, not a resend of
+                // ours: the gateway logs no retry). A primary move replays
+                // at most the one bulk in flight, which holds a counter
+                // once. Event ids make it exact; src/store/README.md says
+                // so.
+                if got > attempted {
+                    eprintln!(
+                        "{name} {key}: the engine replayed {} increment(s) on a primary move",
+                        got - attempted
+                    );
+                }
+                assert!(
+                    acked <= got && got <= attempted + replays,
+                    "{name} {key}: +{got} outside [acknowledged {acked}, attempted {attempted} + {replays} replayed by primary moves]"
+                );
+            }
         }
     }
     now
@@ -526,7 +570,7 @@ async fn a_three_node_cluster_loses_nothing_acknowledged_when_nodes_fail() {
         assert_replicated(&c.live_url(), prefix).await;
         let at = tally.acked();
         resumes(&tally, at, Duration::from_secs(30)).await;
-        base = settle("a", clients, &stop, &tally, &gw, base, ids.is_some()).await;
+        base = settle("a", clients, &stop, &tally, &gw, base, totals(ids)).await;
     }
 
     // b. A node stopped gracefully (shards relocated first) under traffic.
@@ -541,7 +585,7 @@ async fn a_three_node_cluster_loses_nothing_acknowledged_when_nodes_fail() {
         resumes(&tally, at, Duration::from_secs(30)).await;
         c.restart(victim);
         assert_replicated(&c.live_url(), prefix).await;
-        base = settle("b", clients, &stop, &tally, &gw, base, false).await;
+        base = settle("b", clients, &stop, &tally, &gw, base, totals(None)).await;
     }
 
     // c. Three gateways, each on its own node, on the same hot keys.
@@ -554,7 +598,7 @@ async fn a_three_node_cluster_loses_nothing_acknowledged_when_nodes_fail() {
         let stop = Arc::new(AtomicBool::new(false));
         let clients = traffic(gws, 6, ids, tally.clone(), stop.clone(), t0);
         tokio::time::sleep(Duration::from_secs(3)).await;
-        base = settle("c", clients, &stop, &tally, &gw, base, true).await;
+        base = settle("c", clients, &stop, &tally, &gw, base, Totals::Exact).await;
     }
 
     // d. A gateway given all three URLs whose first node dies keeps writing
@@ -579,7 +623,7 @@ async fn a_three_node_cluster_loses_nothing_acknowledged_when_nodes_fail() {
         eprintln!("d: writing again {:?} after node-1 died", killed.elapsed());
         tokio::time::sleep(Duration::from_secs(2)).await;
         let reader = gateway(&all[1..], prefix, false).await;
-        settle("d", clients, &stop, &tally, &reader, base, true).await;
+        settle("d", clients, &stop, &tally, &reader, base, Totals::Exact).await;
         c.restart(0);
     }
     eprintln!("total {:?}", t0.elapsed());

@@ -438,7 +438,15 @@ impl ElasticsearchStore {
                 }
                 break;
             }
-            tracing::debug!(items = pending.len(), ?delay, "retrying failed bulk items");
+            tracing::debug!(
+                items = pending.len(),
+                ?delay,
+                first = pending
+                    .first()
+                    .and_then(|i| reasons.get(i))
+                    .map(String::as_str),
+                "retrying failed bulk items"
+            );
             tokio::time::sleep(delay).await;
             waited += delay;
             attempt += 1;
