@@ -40,6 +40,7 @@ use axum::Json;
 use regex::bytes::{RegexSet, RegexSetBuilder};
 use serde::Deserialize;
 
+use super::edge::IGNORED_HEADER;
 use super::model::EventsAccepted;
 use super::Gateway;
 use crate::auth::Role;
@@ -47,9 +48,6 @@ use crate::metrics::Metrics;
 
 /// isbot's patterns as `scripts/refresh-isbot.sh` vendors them.
 const ISBOT: &str = include_str!("crawlers/isbot-patterns.json");
-
-/// The header of an answer that counted nothing because of who asked.
-pub const IGNORED_HEADER: &str = "x-counter-ignored";
 
 /// What [`IGNORED_HEADER`] says of a known crawler.
 pub const CRAWLER: &str = "crawler";

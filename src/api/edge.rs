@@ -16,6 +16,10 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use super::Gateway;
 use crate::error::ApiError;
 
+/// The header of an answer that counted nothing because of who asked
+/// (a crawler, a throttled actor): exposed to browsers by the CORS layer.
+pub const IGNORED_HEADER: &str = "x-counter-ignored";
+
 /// CORS for `origins` (exact origins such as `https://shop.example`, or `*`
 /// for any); `None` when the list is empty: browsers then refuse cross-origin
 /// reads (a `sendBeacon` of `text/plain` still arrives, it needs no CORS).
@@ -52,7 +56,7 @@ pub fn cors(origins: &[String]) -> Result<Option<CorsLayer>, String> {
             .expose_headers([
                 header::RETRY_AFTER,
                 header::ETAG,
-                HeaderName::from_static(super::crawlers::IGNORED_HEADER),
+                HeaderName::from_static(IGNORED_HEADER),
             ])
             .max_age(Duration::from_secs(3600)),
     ))

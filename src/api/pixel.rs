@@ -157,7 +157,7 @@ fn gif(status: StatusCode, ignored: Option<&'static str>) -> Response {
         .into_response();
     if let Some(why) = ignored {
         res.headers_mut()
-            .insert(crawlers::IGNORED_HEADER, HeaderValue::from_static(why));
+            .insert(super::edge::IGNORED_HEADER, HeaderValue::from_static(why));
     }
     res
 }
