@@ -362,6 +362,12 @@ impl Metrics {
                 "Times an Elasticsearch node was set aside because its connection failed.",
                 pool::NODE_FAILURES.load(Relaxed) as f64,
             );
+            put(
+                "counter_gateway_elasticsearch_writes_taken_already_total",
+                "counter",
+                "Counter and bucket updates their document had already taken (the engine running a bulk again on a new primary, or a resend): skipped, so counted once.",
+                crate::store::elasticsearch::request::WRITES_TAKEN_ALREADY.load(Relaxed) as f64,
+            );
         }
         let (incs, writes) = (
             self.flushed_increments.load(Relaxed),

@@ -1957,11 +1957,19 @@ async fn setup_installs_every_object_in_order() {
     // Six stored scripts (counter, bucket, average, average bucket,
     // counter set, actor mark), the ILM policy, six component and six
     // index templates; then the mark fields added to mark indices an
-    // earlier version made.
+    // earlier version made, and `applied_ops` to counter and bucket indices.
     assert_eq!(report.installed.len(), 19);
     let calls = fake.0.lock().unwrap().calls.clone();
     let puts: Vec<_> = calls.iter().filter(|c| c.starts_with("PUT")).collect();
-    assert_eq!(puts.len(), 20);
+    assert_eq!(puts.len(), 21);
+    assert!(
+        puts[20].starts_with(
+            "PUT /counter-gateway_*_counters,counter-gateway_*_average_counters,\
+             counter-gateway_*_histogram_counters-*,counter-gateway_*_average_histogram_counters-*/_mapping"
+        ),
+        "{}",
+        puts[20]
+    );
     assert!(
         puts[19].starts_with(
             "PUT /counter-gateway_*_actor_marks,counter-gateway_*_actor_day_marks-*/_mapping"
@@ -1969,9 +1977,9 @@ async fn setup_installs_every_object_in_order() {
         "{}",
         puts[19]
     );
-    assert!(puts[0].starts_with("PUT /_scripts/counter-gateway-counter-update-v1"));
-    assert!(puts[2].starts_with("PUT /_scripts/counter-gateway-average-update-v1"));
-    assert!(puts[3].starts_with("PUT /_scripts/counter-gateway-average-bucket-update-v1"));
+    assert!(puts[0].starts_with("PUT /_scripts/counter-gateway-counter-update-v2"));
+    assert!(puts[2].starts_with("PUT /_scripts/counter-gateway-average-update-v2"));
+    assert!(puts[3].starts_with("PUT /_scripts/counter-gateway-average-bucket-update-v2"));
     assert!(puts[4].starts_with("PUT /_scripts/counter-gateway-counter-set-v1"));
     assert!(puts[5].starts_with("PUT /_scripts/counter-gateway-actor-mark-v2"));
     assert!(puts[16].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));

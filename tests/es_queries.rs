@@ -140,7 +140,7 @@ fn average_samples_are_scripted_upserts_of_their_own_documents() {
     let actions: Vec<_> = plan
         .writes
         .iter()
-        .map(|w| request::action(w, &names(), &settings()))
+        .map(|w| request::action(w, &names(), &settings(), "0123456789abcdef-2a"))
         .collect();
     let refs: Vec<_> = actions.iter().collect();
     let body = String::from_utf8(request::bulk_body(&refs, 5)).unwrap();
@@ -193,7 +193,7 @@ fn the_average_scripts_keep_the_quotient_for_sorting() {
     let steps = templates::steps(&names(), ES8);
     let avg = steps
         .iter()
-        .find(|s| s.name == "counter-gateway-average-update-v1")
+        .find(|s| s.name == "counter-gateway-average-update-v2")
         .expect("average script installed");
     let src = avg.body["script"]["source"].as_str().unwrap();
     assert!(src.contains("s.average = (double) total.longValue() / (double) quantity.longValue()"));
@@ -204,7 +204,7 @@ fn the_average_scripts_keep_the_quotient_for_sorting() {
     assert!(src.contains("e[5]"), "id events carry their quantity");
     let bucket = steps
         .iter()
-        .find(|s| s.name == "counter-gateway-average-bucket-update-v1")
+        .find(|s| s.name == "counter-gateway-average-bucket-update-v2")
         .expect("average bucket script installed");
     let src = bucket.body["script"]["source"].as_str().unwrap();
     assert!(src.contains("s.day = params.day") && !src.contains("average ="));
@@ -548,7 +548,7 @@ fn scripts_write_only_mapped_fields() {
     ] {
         let step = steps
             .iter()
-            .find(|s| s.name == format!("counter-gateway-{script}-v1"))
+            .find(|s| s.name == format!("counter-gateway-{script}-v2"))
             .unwrap();
         let src = step.body["script"]["source"].as_str().unwrap();
         let fields = mapping(component);

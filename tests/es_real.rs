@@ -2062,3 +2062,264 @@ async fn bulks_side_by_side_count_exactly_and_a_close_drains_them() {
     }
     es.cleanup().await;
 }
+
+/// One bulk of a counter increment (with its day bucket) and an average's
+/// sample (with its bucket), every item named `op`: what the gateway sends
+/// for one flush.
+fn named_bulk(prefix: &str, op: &str) -> Vec<u8> {
+    use counter_gateway::domain::{Increment, SampleSpec};
+    use counter_gateway::store::elasticsearch::request::{self, IndexNames, WriteSettings};
+    use counter_gateway::store::elasticsearch::templates;
+    let now = common::test_now();
+    let ts = common::rfc3339(now);
+    let sample = Increment::sample(
+        &SampleSpec {
+            entity: "ARTICLE",
+            action: "rating",
+            uuid: "replayed",
+            value: 4,
+            retract: false,
+            category: None,
+            timestamp: Some(&ts),
+            id: None,
+        },
+        &TimePolicy::default(),
+        now,
+    )
+    .unwrap();
+    let mut view = video_view("replayed", None);
+    view.delta = 3;
+    let requests = [vec![view], vec![sample]];
+    let slices: Vec<&[Increment]> = requests.iter().map(Vec::as_slice).collect();
+    let plan = request::plan(&slices).unwrap();
+    assert_eq!(
+        plan.writes.len(),
+        4,
+        "counter, bucket, average, average bucket"
+    );
+    let names = IndexNames::new(prefix, "default").unwrap();
+    let settings = WriteSettings {
+        counter_script: templates::counter_script_id(prefix),
+        bucket_script: templates::bucket_script_id(prefix),
+        average_script: templates::average_script_id(prefix),
+        average_bucket_script: templates::average_bucket_script_id(prefix),
+        retry_on_conflict: 5,
+        now_ms: now.timestamp_millis(),
+        id_window_ms: 7 * 86_400_000,
+        max_ids: 10_000,
+    };
+    let actions: Vec<_> = plan
+        .writes
+        .iter()
+        .map(|w| request::action(w, &names, &settings, op))
+        .collect();
+    let refs: Vec<_> = actions.iter().collect();
+    request::bulk_body(&refs, 5)
+}
+
+impl Es {
+    /// Sends a `_bulk` body; every item must come back 200.
+    async fn bulk(&self, body: Vec<u8>) -> Vec<String> {
+        let r: Value = self
+            .http
+            .post(format!("{}/_bulk", self.url))
+            .header("content-type", "application/x-ndjson")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r["errors"], json!(false), "{r}");
+        r["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["update"]["result"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// The counter's value, its bucket's, the average's (sum, quantity)
+    /// and its bucket's, read from the node.
+    async fn replayed_totals(&self) -> Value {
+        self.refresh().await;
+        let mut out = Vec::new();
+        for (pattern, field) in [
+            ("default_counters", "value"),
+            ("default_histogram_counters-*", "value"),
+            ("default_average_counters", "sum"),
+            ("default_average_counters", "quantity"),
+            ("default_average_histogram_counters-*", "sum"),
+            ("default_average_histogram_counters-*", "quantity"),
+        ] {
+            let r: Value = self
+                .http
+                .post(format!("{}/{}_{pattern}/_search", self.url, self.prefix))
+                .json(&json!({"size": 0, "aggs": {"total": {"sum": {"field": field}}}}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            out.push(r["aggregations"]["total"]["value"].as_f64().unwrap() as i64);
+        }
+        json!(out)
+    }
+}
+
+/// What the node does when a primary fails after its replica took a bulk
+/// item: it runs the item again on the new primary. Sent twice here, by
+/// hand, the same named bulk changes each of its four documents once (the
+/// second run answers `noop`); a bulk of another name adds again. A
+/// document remembers the last `MAX_OPS_PER_DOC` names, and no more: past
+/// them, the first name counts as new (the bound the store README states).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn a_replayed_bulk_item_changes_its_document_once() {
+    use counter_gateway::store::elasticsearch::request::MAX_OPS_PER_DOC;
+    let (es, _r) = start().await;
+    let once = json!([3, 3, 4, 1, 4, 1]);
+    assert_eq!(
+        es.bulk(named_bulk(&es.prefix, "op-a")).await,
+        ["created"; 4]
+    );
+    assert_eq!(es.replayed_totals().await, once);
+    assert_eq!(es.bulk(named_bulk(&es.prefix, "op-a")).await, ["noop"; 4]);
+    assert_eq!(es.replayed_totals().await, once, "a replay changes nothing");
+    assert_eq!(
+        es.bulk(named_bulk(&es.prefix, "op-b")).await,
+        ["updated"; 4]
+    );
+    assert_eq!(es.replayed_totals().await, json!([6, 6, 8, 2, 8, 2]));
+    // op-a and op-b are remembered; MAX_OPS_PER_DOC - 2 more keep op-a...
+    for n in 0..MAX_OPS_PER_DOC - 2 {
+        es.bulk(named_bulk(&es.prefix, &format!("op-{n}"))).await;
+    }
+    assert_eq!(es.bulk(named_bulk(&es.prefix, "op-a")).await, ["noop"; 4]);
+    // ...and one more forgets it.
+    es.bulk(named_bulk(&es.prefix, "op-last")).await;
+    assert_eq!(
+        es.bulk(named_bulk(&es.prefix, "op-a")).await,
+        ["updated"; 4]
+    );
+    let n = i64::from(MAX_OPS_PER_DOC) + 2;
+    assert_eq!(
+        es.replayed_totals().await,
+        json!([3 * n, 3 * n, 4 * n, n, 4 * n, n])
+    );
+    es.cleanup().await;
+}
+
+/// Counter and bucket indices an earlier version made lack `applied_ops`,
+/// and their strict mappings would refuse every update of the v2 scripts:
+/// setup adds the field to them, so a gateway upgraded over old indices
+/// counts at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn setup_adds_applied_ops_to_indices_an_older_version_created() {
+    use counter_gateway::store::elasticsearch::request::IndexNames;
+    let (es, _r) = start().await;
+    for name in [
+        "counter-mappings",
+        "bucket-mappings",
+        "average-mappings",
+        "average-bucket-mappings",
+    ] {
+        let url = format!("{}/_component_template/{}-{name}", es.url, es.prefix);
+        let mut got: Value = es
+            .http
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let mut old = got["component_templates"][0]["component_template"].take();
+        let props = old["template"]["mappings"]["properties"]
+            .as_object_mut()
+            .unwrap();
+        assert!(props.remove("applied_ops").is_some(), "{name}");
+        // An older version's template, so setup puts the current one back.
+        old["version"] = json!(1);
+        let put = es.http.put(&url).json(&old).send().await.unwrap();
+        assert!(put.status().is_success(), "{}", put.text().await.unwrap());
+    }
+    let names = IndexNames::new(&es.prefix, "default").unwrap();
+    let day = common::test_now().timestamp_millis().div_euclid(86_400_000);
+    let old = [
+        names.counters(),
+        names.buckets(day),
+        names.averages(),
+        names.average_buckets(day),
+    ];
+    for index in &old {
+        let put = es
+            .http
+            .put(format!("{}/{index}", es.url))
+            .send()
+            .await
+            .unwrap();
+        assert!(put.status().is_success(), "{}", put.text().await.unwrap());
+    }
+    let mapping = |index: String| {
+        let es = &es;
+        async move {
+            es.http
+                .get(format!("{}/{index}/_mapping", es.url))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    for index in &old {
+        assert!(
+            !mapping(index.clone()).await.contains("applied_ops"),
+            "{index}"
+        );
+    }
+    // The node refuses the v2 scripts' write on such an index.
+    let r: Value = es
+        .http
+        .post(format!("{}/_bulk", es.url))
+        .header("content-type", "application/x-ndjson")
+        .body(named_bulk(&es.prefix, "op-old"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["errors"], json!(true), "{r}");
+    assert!(
+        r.to_string().contains("strict_dynamic_mapping_exception"),
+        "{r}"
+    );
+    // A gateway opened now runs setup, which brings the field.
+    let r = es_router(&es.url, &es.prefix, clock()).await;
+    for index in &old {
+        assert!(
+            mapping(index.clone()).await.contains("applied_ops"),
+            "{index}"
+        );
+    }
+    let ts = common::rfc3339(common::test_now());
+    let (s, b) = call(
+        &r,
+        "POST",
+        "/v1/counters/VIDEO/VIEW/upgraded/increment",
+        Some(json!({"timestamp": ts})),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(
+        es.bulk(named_bulk(&es.prefix, "op-new")).await,
+        ["created"; 4]
+    );
+    es.cleanup().await;
+}

@@ -47,7 +47,7 @@ request = function()
   local id = "VIDEO_VIEW_item-" .. draw()
   local now = os.time() * 1000
   local body = string.format(
-    '{"scripted_upsert":true,"upsert":{},"script":{"id":"%s-counter-update-v1","params":' ..
+    '{"scripted_upsert":true,"upsert":{},"script":{"id":"%s-counter-update-v2","params":' ..
     '{"counter_id":"%s","entity":"VIDEO","action":"VIEW","uuid":"%s","delta":1,"first_ms":%d,"last_ms":%d}}}',
     prefix, id, string.sub(id, 12), now, now)
   return wrk.format("POST", "/" .. prefix .. "_default_counters/_update/" .. id .. "?retry_on_conflict=5",

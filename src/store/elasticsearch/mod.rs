@@ -116,6 +116,9 @@ pub struct ElasticsearchStore {
     /// This tenant's marks are recorded as keyed for it (`mark_keying`):
     /// checked before its first flush with marks.
     marks_keyed: std::sync::atomic::AtomicBool,
+    /// Names of this store's writes, remembered by the documents they
+    /// change (`request::OpIds`).
+    ops: request::OpIds,
 }
 
 impl ElasticsearchStore {
@@ -135,6 +138,7 @@ impl ElasticsearchStore {
             mark_months: Default::default(),
             marks_index_ready: Default::default(),
             marks_keyed: Default::default(),
+            ops: request::OpIds::new(),
         })
     }
 
@@ -191,6 +195,7 @@ impl ElasticsearchStore {
             mark_months: Default::default(),
             marks_index_ready: Default::default(),
             marks_keyed: Default::default(),
+            ops: request::OpIds::new(),
         })
     }
 }

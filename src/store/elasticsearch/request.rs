@@ -482,6 +482,60 @@ pub struct WriteSettings {
     pub max_ids: u32,
 }
 
+/// How many of the last writes (bulk items, named by [`OpIds`]) a counter
+/// or bucket document remembers, so the engine's replay of one on a new
+/// primary, or a resend of ours, is taken once. A replay runs while the
+/// other writes in flight on the document are also replayed: at most one
+/// per gateway (a gateway never has a counter in two bulks at once), so 16
+/// covers 16 gateways writing one counter at the same moment.
+pub const MAX_OPS_PER_DOC: u32 = 16;
+
+/// Bulk items of counter, average and bucket writes that their document
+/// had already taken (`noop`): the engine's run of a bulk again on a new
+/// primary, or a resend of an item whose answer was lost. Counted once;
+/// shown in `/metrics`.
+pub static WRITES_TAKEN_ALREADY: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+/// Names for the writes of one store: a random prefix drawn when the store
+/// is made (so gateways and restarts never share one) and a sequence.
+#[derive(Debug)]
+pub struct OpIds {
+    prefix: String,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl OpIds {
+    pub fn new() -> Self {
+        use ring::rand::SecureRandom;
+        let mut bytes = [0u8; 8];
+        if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+            // No system randomness: the time in nanoseconds still differs
+            // between two stores made on one machine.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            bytes = t.to_le_bytes();
+        }
+        OpIds {
+            prefix: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+            next: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// A name no other write of any gateway has.
+    pub fn next(&self) -> String {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}-{n:x}", self.prefix)
+    }
+}
+
+impl Default for OpIds {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Fields of a counter document answered after an update.
 pub const COUNTER_FIELDS: &[&str] = &[
     "entity",
@@ -517,8 +571,9 @@ pub struct BulkAction {
 }
 
 /// The `update` action for one write: a scripted upsert calling a stored
-/// script by id with params only, asking back the fields it needs.
-pub fn action(w: &DocWrite, names: &IndexNames, s: &WriteSettings) -> BulkAction {
+/// script by id with params only, asking back the fields it needs. `op`
+/// names the write: a document that took it already does nothing.
+pub fn action(w: &DocWrite, names: &IndexNames, s: &WriteSettings, op: &str) -> BulkAction {
     let counter_id = w.key.doc_id();
     let mut p = Map::new();
     p.insert("counter_id".into(), json!(counter_id));
@@ -570,6 +625,8 @@ pub fn action(w: &DocWrite, names: &IndexNames, s: &WriteSettings) -> BulkAction
         p.insert("id_window_ms".into(), json!(s.id_window_ms));
         p.insert("max_ids".into(), json!(s.max_ids));
     }
+    p.insert("op".into(), json!(op));
+    p.insert("max_ops".into(), json!(MAX_OPS_PER_DOC));
     let (index, id, routing, script, fields): (_, _, _, _, &[&str]) = match w.target {
         Target::Counter => (
             names.counters(),

@@ -99,7 +99,43 @@ impl ElasticsearchStore {
         }
         // Mark indices made before the mark fields (template version 2).
         self.upgrade_mark_mappings().await?;
+        self.upgrade_counter_mappings().await?;
         Ok(report)
+    }
+
+    /// Adds `applied_ops` (update scripts v2) to the mapping of counter,
+    /// average and bucket indices of every tenant made by an earlier
+    /// template: the scripts write it, and strict mappings would refuse
+    /// every update. Adding a field is allowed on a live index and
+    /// idempotent; no index matching is fine.
+    async fn upgrade_counter_mappings(&self) -> Result<(), StoreError> {
+        let p = self.config.names.prefix();
+        let indices = format!(
+            "{p}_*_counters,{p}_*_average_counters,{p}_*_histogram_counters-*,{p}_*_average_histogram_counters-*"
+        );
+        let body = serde_json::to_vec(&serde_json::json!({"properties": {
+            "applied_ops": {"type": "keyword", "index": false, "doc_values": false},
+        }}))
+        .map_err(|e| StoreError::Internal(e.to_string()))?;
+        let (status, answer) = self
+            .call(
+                Method::Put,
+                &format!("/{indices}/_mapping"),
+                &[("ignore_unavailable", "true"), ("allow_no_indices", "true")],
+                Some(body),
+            )
+            .await?;
+        match status {
+            200 => Ok(()),
+            404 if response::error_type(&answer) == Some("index_not_found_exception") => Ok(()),
+            _ => Err(super::client::status_error(
+                status,
+                format!(
+                    "adding applied_ops to the mapping of {indices} answered {status} {}",
+                    response::describe_error(answer.get("error"))
+                ),
+            )),
+        }
     }
 }
 

@@ -14,6 +14,11 @@ use super::request::IndexNames;
 /// gateways of two versions can run side by side during an upgrade.
 pub const SCRIPT_VERSION: u32 = 1;
 
+/// The four update scripts' version (counters, averages and their day
+/// buckets): 2 remembers the last writes a document took (`applied_ops`),
+/// so a replayed or resent bulk item is taken once.
+pub const UPDATE_SCRIPT_VERSION: u32 = 2;
+
 /// The actor mark script's own version: 2 writes `counter_hash` and `mark`
 /// (the order `export` lists marks in), which 1 did not.
 pub const ACTOR_MARK_SCRIPT_VERSION: u32 = 2;
@@ -94,19 +99,19 @@ const INDEX_TEMPLATES: &[(&str, bool, &str)] = &[
 
 /// The stored script id of the counter update for this prefix.
 pub fn counter_script_id(prefix: &str) -> String {
-    format!("{prefix}-counter-update-v{SCRIPT_VERSION}")
+    format!("{prefix}-counter-update-v{UPDATE_SCRIPT_VERSION}")
 }
 
 pub fn bucket_script_id(prefix: &str) -> String {
-    format!("{prefix}-bucket-update-v{SCRIPT_VERSION}")
+    format!("{prefix}-bucket-update-v{UPDATE_SCRIPT_VERSION}")
 }
 
 pub fn average_script_id(prefix: &str) -> String {
-    format!("{prefix}-average-update-v{SCRIPT_VERSION}")
+    format!("{prefix}-average-update-v{UPDATE_SCRIPT_VERSION}")
 }
 
 pub fn average_bucket_script_id(prefix: &str) -> String {
-    format!("{prefix}-average-bucket-update-v{SCRIPT_VERSION}")
+    format!("{prefix}-average-bucket-update-v{UPDATE_SCRIPT_VERSION}")
 }
 
 /// The stored script that applies a backfilled day to a counter (see
@@ -405,10 +410,10 @@ mod tests {
         let names = IndexNames::new("counter-gateway", "default").unwrap();
         let s = steps(&names, ES8);
         assert_eq!(s.len(), 6 + 1 + COMPONENTS.len() + INDEX_TEMPLATES.len());
-        assert_eq!(s[0].path, "/_scripts/counter-gateway-counter-update-v1");
+        assert_eq!(s[0].path, "/_scripts/counter-gateway-counter-update-v2");
         assert_eq!(
             s[0].put_path,
-            "/_scripts/counter-gateway-counter-update-v1/update"
+            "/_scripts/counter-gateway-counter-update-v2/update"
         );
         assert_eq!(s.last().unwrap().kind, Kind::IndexTemplate);
     }

@@ -315,12 +315,29 @@ impl ElasticsearchStore {
         writes: &[DocWrite],
         settings: &WriteSettings,
     ) -> (Vec<ItemResult>, usize) {
+        // One name for the whole bulk: each document is in it once, and
+        // its resends (below) carry the same name, so none is taken twice.
+        let op = self.ops.next();
         let actions: Vec<_> = writes
             .iter()
-            .map(|w| request::action(w, &self.config.names, settings))
+            .map(|w| request::action(w, &self.config.names, settings, &op))
             .collect();
-        self.send_actions(&actions, settings.retry_on_conflict)
-            .await
+        let (results, sent) = self
+            .send_actions(&actions, settings.retry_on_conflict)
+            .await;
+        let taken = results.iter().filter(|r| r.noop).count();
+        if taken > 0 {
+            // Only a name the document remembers makes an update script
+            // skip: the item was applied before, and counts once.
+            request::WRITES_TAKEN_ALREADY
+                .fetch_add(taken as u64, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(
+                items = taken,
+                "bulk items already taken by their documents (a replay on a new primary, \
+                 or a resend): skipped"
+            );
+        }
+        (results, sent)
     }
 
     /// [`Self::send_writes`] for actions already built (the marks').
