@@ -1029,8 +1029,42 @@ impl Fake {
                     );
                 }
                 let payload: Value = serde_json::from_slice(&body).unwrap();
-                assert_eq!(payload["scripted_upsert"], json!(true));
                 let key = (index.to_string(), decode(id));
+                if let Some(doc) = payload["doc"].as_object() {
+                    // A set of a counter's value: a partial document merged
+                    // into the source, or the `upsert` indexed whole when
+                    // there is none; unchanged is a `noop` (`detect_noop`,
+                    // on by default), as the Update API answers.
+                    assert!(
+                        payload.get("script").is_none(),
+                        "a doc update has no script"
+                    );
+                    let (src, result, status) = match st.docs.get(&key) {
+                        None => (
+                            payload["upsert"].as_object().unwrap().clone(),
+                            "created",
+                            201,
+                        ),
+                        Some(old) => {
+                            let mut merged = old.clone();
+                            for (k, v) in doc {
+                                merged.insert(k.clone(), v.clone());
+                            }
+                            let same = &merged == old;
+                            (merged, if same { "noop" } else { "updated" }, 200)
+                        }
+                    };
+                    if result != "noop" {
+                        st.bump(&key);
+                        st.docs.insert(key.clone(), src);
+                        st.indices.insert(index.to_string());
+                    }
+                    return es(
+                        status,
+                        json!({"_index": index, "_id": key.1, "result": result}),
+                    );
+                }
+                assert_eq!(payload["scripted_upsert"], json!(true));
                 let mut src = st.docs.get(&key).cloned().unwrap_or_default();
                 let params = &payload["script"]["params"];
                 match run_set_script(&mut src, params) {
