@@ -11,6 +11,7 @@ use super::extract::{parse_json, JsonBytes, PathParams};
 use super::model::KeyPath;
 use crate::domain::{Counter, CounterSet};
 use crate::error::ApiError;
+use crate::store::StoreError;
 
 /// Body of a set.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -59,5 +60,13 @@ pub async fn put(
     )
     .map_err(ApiError::BadRequest)?;
     let app = app.opened().await?;
-    Ok(Json(app.store.set_value(set).await?))
+    match app.store.set_value(set).await {
+        Ok(counter) => Ok(Json(counter)),
+        // A set is the same whenever it is repeated: tell the client so.
+        Err(e @ StoreError::Unavailable(_)) => Err(ApiError::store(
+            "the store did not take the set; it may or may not be applied, and sending the same set again is safe",
+            e,
+        )),
+        Err(e) => Err(e.into()),
+    }
 }
