@@ -565,7 +565,7 @@ async fn unknown_routes_and_wrong_methods_answer_in_the_error_shape() {
         assert_error(&r, 404, "not_found", &[]);
     }
     for (method, path) in [
-        (reqwest::Method::PUT, "/v1/counters/VIDEO/VIEW/seed"),
+        (reqwest::Method::PATCH, "/v1/counters/VIDEO/VIEW/seed"),
         (reqwest::Method::POST, "/v1/counters/VIDEO/VIEW/seed"),
         (reqwest::Method::GET, SEED_INC),
         (reqwest::Method::DELETE, SEED_INC),

@@ -1029,8 +1029,42 @@ impl Fake {
                     );
                 }
                 let payload: Value = serde_json::from_slice(&body).unwrap();
-                assert_eq!(payload["scripted_upsert"], json!(true));
                 let key = (index.to_string(), decode(id));
+                if let Some(doc) = payload["doc"].as_object() {
+                    // A set of a counter's value: a partial document merged
+                    // into the source, or the `upsert` indexed whole when
+                    // there is none; unchanged is a `noop` (`detect_noop`,
+                    // on by default), as the Update API answers.
+                    assert!(
+                        payload.get("script").is_none(),
+                        "a doc update has no script"
+                    );
+                    let (src, result, status) = match st.docs.get(&key) {
+                        None => (
+                            payload["upsert"].as_object().unwrap().clone(),
+                            "created",
+                            201,
+                        ),
+                        Some(old) => {
+                            let mut merged = old.clone();
+                            for (k, v) in doc {
+                                merged.insert(k.clone(), v.clone());
+                            }
+                            let same = &merged == old;
+                            (merged, if same { "noop" } else { "updated" }, 200)
+                        }
+                    };
+                    if result != "noop" {
+                        st.bump(&key);
+                        st.docs.insert(key.clone(), src);
+                        st.indices.insert(index.to_string());
+                    }
+                    return es(
+                        status,
+                        json!({"_index": index, "_id": key.1, "result": result}),
+                    );
+                }
+                assert_eq!(payload["scripted_upsert"], json!(true));
                 let mut src = st.docs.get(&key).cloned().unwrap_or_default();
                 let params = &payload["script"]["params"];
                 match run_set_script(&mut src, params) {
@@ -2616,6 +2650,89 @@ async fn a_backfill_cut_short_by_the_cluster_says_so_and_is_completed_by_a_resen
     assert_eq!(c["value"], 9, "{c}");
     let (_, c) = call(&router, "GET", "/v1/counters/VIDEO/VIEW/b", None).await;
     assert_eq!(c["value"], 3, "{c}");
+}
+
+/// A set of a counter's value is one `_update` without a script: resent
+/// while the cluster refuses it (it is idempotent), answered 503 past the
+/// back-off budget with nothing changed, and applied by the same request
+/// once the cluster takes it. It leaves the update scripts' bookkeeping
+/// (`applied_ops`, `event_ids`) as it was, so their replays stay skipped,
+/// and the next flush's increment adds to the set value.
+#[tokio::test]
+async fn a_set_is_resent_until_the_cluster_takes_it_and_keeps_the_scripts_bookkeeping() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let path = "/v1/counters/VIDEO/VIEW/a";
+    let inc = json!({"id": "e-1"});
+    let (status, b) = call(
+        &router,
+        "POST",
+        &format!("{path}/increment"),
+        Some(inc.clone()),
+    )
+    .await;
+    assert_eq!((status, &b["value"]), (200, &json!(1)), "{b}");
+    let before =
+        fake.0.lock().unwrap().docs[&(COUNTERS.to_string(), "VIDEO_VIEW_a".to_string())].clone();
+    assert!(before.contains_key("event_ids"), "{before:?}");
+
+    fake.0.lock().unwrap().refuse_updates = true;
+    let (status, b) = call(&router, "PUT", path, Some(json!({"value": 50}))).await;
+    assert_eq!(status, 503, "{b}");
+    let reason = b["error"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("sending the same set again is safe"),
+        "{reason}"
+    );
+    let updates = fake
+        .0
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .filter(|c| c.starts_with(&format!("POST /{COUNTERS}/_update/VIDEO_VIEW_a?")))
+        .count();
+    assert!(updates > 1, "a refused set is resent: {updates} attempt(s)");
+    let (_, c) = call(&router, "GET", path, None).await;
+    assert_eq!(c["value"], 1, "nothing changed: {c}");
+
+    fake.0.lock().unwrap().refuse_updates = false;
+    for _ in 0..2 {
+        let (status, b) = call(&router, "PUT", path, Some(json!({"value": 50}))).await;
+        assert_eq!((status, &b["value"]), (200, &json!(50)), "{b}");
+        assert_eq!(
+            b["first_timestamp"],
+            before_ts(&before, "first_timestamp"),
+            "{b}"
+        );
+    }
+    let after =
+        fake.0.lock().unwrap().docs[&(COUNTERS.to_string(), "VIDEO_VIEW_a".to_string())].clone();
+    for field in [
+        "applied_ops",
+        "event_ids",
+        "first_timestamp",
+        "recorded_timestamp",
+    ] {
+        assert_eq!(after.get(field), before.get(field), "{field}");
+    }
+    // A retried event stays a duplicate; a new one adds to the set value.
+    let (_, b) = call(&router, "POST", &format!("{path}/increment"), Some(inc)).await;
+    assert_eq!(
+        (&b["value"], &b["counted"]),
+        (&json!(50), &json!(false)),
+        "{b}"
+    );
+    let (_, b) = call(&router, "POST", &format!("{path}/increment"), None).await;
+    assert_eq!(b["value"], 51, "{b}");
+}
+
+/// A stored timestamp (epoch milliseconds) as the API renders it.
+fn before_ts(doc: &Map<String, Value>, field: &str) -> Value {
+    json!(counter_gateway::domain::format_ms(
+        doc[field].as_i64().unwrap()
+    ))
 }
 
 // ---------------------------------------------------------------------------

@@ -2323,3 +2323,68 @@ async fn setup_adds_applied_ops_to_indices_an_older_version_created() {
     );
     es.cleanup().await;
 }
+
+/// Increments racing a set of their counter on a real node: each
+/// acknowledged before the set was sent is replaced by it, each sent after
+/// the set's answer adds to it, the ones in between count at most once;
+/// the buckets hold every increment exactly once (the set wrote none);
+/// repeating the set answers the same value and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn increments_racing_a_set_of_their_counter_keep_its_order() {
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    let (es, r) = start().await;
+    let path = "/v1/counters/SET/v/hot";
+    let (s, b) = call(&r, "POST", &format!("{path}/increment"), None).await;
+    assert_eq!(s, 200, "{b}");
+    let acked = Arc::new(AtomicI64::new(0));
+    let after = Arc::new(AtomicI64::new(0));
+    let set_done = Arc::new(AtomicBool::new(false));
+    let adders: Vec<_> = (0..4)
+        .map(|_| {
+            let (r, acked, after, set_done) =
+                (r.clone(), acked.clone(), after.clone(), set_done.clone());
+            tokio::spawn(async move {
+                for _ in 0..40 {
+                    let sent_after_set = set_done.load(Ordering::SeqCst);
+                    let (s, b) = call(&r, "POST", &format!("{path}/increment"), None).await;
+                    assert_eq!(s, 200, "{b}");
+                    acked.fetch_add(1, Ordering::SeqCst);
+                    if sent_after_set {
+                        after.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    while acked.load(Ordering::SeqCst) < 20 {
+        tokio::task::yield_now().await;
+    }
+    let acked_before = acked.load(Ordering::SeqCst);
+    let (s, b) = call(&r, "PUT", path, Some(json!({"value": 10_000}))).await;
+    assert_eq!(s, 200, "{b}");
+    set_done.store(true, Ordering::SeqCst);
+    for a in adders {
+        a.await.unwrap();
+    }
+    let (total, after) = (acked.load(Ordering::SeqCst), after.load(Ordering::SeqCst));
+    let (_, b) = call(&r, "GET", path, None).await;
+    let value = b["value"].as_i64().unwrap();
+    assert!(
+        value >= 10_000 + after && value <= 10_000 + (total - acked_before),
+        "value {value}: {after} sent after the set, {acked_before} acknowledged before it, {total} in all"
+    );
+    es.refresh().await;
+    let (_, h) = call(&r, "GET", &format!("{path}/histogram?interval=all"), None).await;
+    assert_eq!(h["total"], json!(total + 1), "{h}");
+    for _ in 0..2 {
+        let (s, b) = call(&r, "PUT", path, Some(json!({"value": 7}))).await;
+        assert_eq!((s, &b["value"]), (200, &json!(7)), "{b}");
+    }
+    es.refresh().await;
+    let (_, h) = call(&r, "GET", &format!("{path}/histogram?interval=all"), None).await;
+    assert_eq!(h["total"], json!(total + 1), "{h}");
+    let (_, t) = call(&r, "GET", "/v1/top/SET/v", None).await;
+    assert_eq!(t["counters"][0]["value"], json!(7), "{t}");
+    es.cleanup().await;
+}

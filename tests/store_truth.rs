@@ -346,6 +346,12 @@ impl Store for Recorder {
     ) -> Result<counter_gateway::store::DaysOutcome, StoreError> {
         self.inner.set_days(sets, oldest_day).await
     }
+    async fn set_value(
+        &self,
+        set: counter_gateway::domain::CounterSet,
+    ) -> Result<counter_gateway::domain::Counter, StoreError> {
+        self.inner.set_value(set).await
+    }
     async fn counter_page(
         &self,
         after: Option<CounterKey>,

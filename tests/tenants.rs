@@ -448,7 +448,23 @@ async fn only_an_applied_write_creates_a_tenant() {
         )
         .await;
     assert_eq!(r.status, 400, "{}", r.text);
-    for name in ["bad-batch", "bad-body", "head-only", "crawled", "bad-day"] {
+    let r = app
+        .send(
+            app.http
+                .put(app.url("/v1/counters/V/VIEW/u1"))
+                .header("x-tenant", "bad-value")
+                .json(&json!({"value": 1.5})),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    for name in [
+        "bad-batch",
+        "bad-body",
+        "head-only",
+        "crawled",
+        "bad-day",
+        "bad-value",
+    ] {
         assert!(!made(name), "a refused write created tenant {name}");
     }
     assert_eq!(app.metric("counter_gateway_tenants").await, 1.0);

@@ -367,6 +367,12 @@ impl counter_gateway::store::Store for Interrupted {
     ) -> Result<counter_gateway::store::DaysOutcome, StoreError> {
         self.inner.set_days(sets, oldest_day).await
     }
+    async fn set_value(
+        &self,
+        set: counter_gateway::domain::CounterSet,
+    ) -> Result<counter_gateway::domain::Counter, StoreError> {
+        self.inner.set_value(set).await
+    }
     async fn counter_page(
         &self,
         after: Option<CounterKey>,

@@ -20,6 +20,7 @@ mod ops;
 mod pixel;
 mod queries;
 mod reports;
+mod values;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,7 +96,7 @@ pub fn router(state: AppState) -> Router {
 /// counted as `unmatched`.
 pub(crate) fn table() -> OpenApiRouter<Arc<Gateway>> {
     OpenApiRouter::new()
-        .routes(routes!(counters::get, counters::delete))
+        .routes(routes!(counters::get, counters::delete, values::put))
         .routes(routes!(counters::increment))
         .routes(routes!(counters::decrement))
         .routes(routes!(queries::histogram))

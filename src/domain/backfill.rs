@@ -88,6 +88,53 @@ impl DaySet {
     }
 }
 
+/// A counter set to a value as a whole (`PUT /v1/counters/{entity}/{action}/{uuid}`):
+/// a starting value carried over from another system. Unlike a [`DaySet`]
+/// it names no day: the all-time value becomes `value` and every day
+/// bucket stays as it is, so windowed lists and histograms, which are made
+/// of buckets, say what really happened on each day; the difference lies
+/// in the part of the total that no day holds (what an export calls
+/// `before`). Setting the same value again changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CounterSet {
+    pub key: CounterKey,
+    pub value: i64,
+    /// Stored on the counter when given (the last one given wins);
+    /// absent leaves the counter's category as it is.
+    pub category: Option<Arc<str>>,
+    /// When the set was made (the injected clock): the first and latest
+    /// touch of a counter the set creates. A counter that exists keeps
+    /// its timestamps: a set corrects a total, it is no use of the
+    /// counter, so the stale report keeps reading real touches.
+    pub now_ms: i64,
+}
+
+impl CounterSet {
+    /// Validates the key and the category; any i64 is a value (counters
+    /// may be negative, as decrements can make them).
+    pub fn new(
+        entity: &str,
+        action: &str,
+        uuid: &str,
+        value: i64,
+        category: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<CounterSet, String> {
+        let mut names = Interner::default();
+        let key = CounterKey::new_in(entity, action, uuid, &mut names)?;
+        let category = match category {
+            Some(c) => Some(names.name(Part::Category, c)?.0),
+            None => None,
+        };
+        Ok(CounterSet {
+            key,
+            value,
+            category,
+            now_ms: now.timestamp_millis(),
+        })
+    }
+}
+
 /// A day exactly as `YYYY-MM-DD` (what the histogram answers), nothing
 /// looser: a backfill names days, not instants that fall in one.
 pub fn parse_day(raw: &str) -> Result<i64, String> {

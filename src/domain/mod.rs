@@ -17,7 +17,7 @@ pub use actor::{
     MIN_ACTOR_SECRET_BYTES,
 };
 pub use average::SampleSpec;
-pub use backfill::{parse_day, DaySet, DaySetSpec};
+pub use backfill::{parse_day, CounterSet, DaySet, DaySetSpec};
 pub use clock::{Clock, ManualClock};
 pub use coalesce::{coalesce, AverageDelta, Coalesced, KeyDelta};
 pub use counter::{format_ms, Counter};

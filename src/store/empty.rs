@@ -13,7 +13,7 @@ use super::{
     ImportBatch, ImportOutcome, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
     TopList, TopQuery, UnusedPair, WriteBatch,
 };
-use crate::domain::{Counter, CounterKey, DaySet, Window};
+use crate::domain::{Counter, CounterKey, CounterSet, DaySet, Window};
 
 /// A store with no counters; see the module documentation.
 #[derive(Clone, Copy, Debug, Default)]
@@ -100,6 +100,10 @@ impl Store for EmptyStore {
         _sets: Vec<DaySet>,
         _oldest_day: i64,
     ) -> Result<DaysOutcome, StoreError> {
+        Err(StoreError::Internal(NO_WRITES.into()))
+    }
+
+    async fn set_value(&self, _set: CounterSet) -> Result<Counter, StoreError> {
         Err(StoreError::Internal(NO_WRITES.into()))
     }
 

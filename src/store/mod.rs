@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
 
-use crate::domain::{Counter, CounterKey, DaySet, Increment, Window};
+use crate::domain::{Counter, CounterKey, CounterSet, DaySet, Increment, Window};
 pub use history::{
     ActorMark, AverageBucket, AverageHistory, AverageImport, CounterHistory, CounterImport,
     ImportBatch, ImportEntry, ImportOutcome, MarkState,
@@ -260,6 +260,15 @@ pub trait Store: Send + Sync + 'static {
     /// what a store remembers about older days may go.
     async fn set_days(&self, sets: Vec<DaySet>, oldest_day: i64)
         -> Result<DaysOutcome, StoreError>;
+    /// Sets a counter's all-time value (see [`CounterSet`]), creating it
+    /// when it does not exist, and answers the counter after the set.
+    /// Buckets are left alone, so windowed lists and histograms do not
+    /// change; increments applied after it add to the value. Setting the
+    /// same value again changes nothing. Durable when it returns (the
+    /// embedded store takes the writer between two flushes and syncs, as
+    /// [`Store::set_days`] does; Elasticsearch writes the document once,
+    /// atomically on its shard).
+    async fn set_value(&self, set: CounterSet) -> Result<Counter, StoreError>;
 
     /// Export: up to `limit` counters after `after` (exclusive) in key order
     /// (entity, action, uuid, each bytewise), each with its day buckets from

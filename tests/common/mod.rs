@@ -584,6 +584,12 @@ macro_rules! store_wrapper {
             {
                 self.inner.set_days(sets, oldest_day).await
             }
+            async fn set_value(
+                &self,
+                set: counter_gateway::domain::CounterSet,
+            ) -> Result<counter_gateway::domain::Counter, counter_gateway::store::StoreError> {
+                self.inner.set_value(set).await
+            }
             async fn counter_page(
                 &self,
                 after: Option<counter_gateway::domain::CounterKey>,

@@ -71,6 +71,7 @@ mod reads;
 pub mod request;
 pub mod response;
 pub mod retry;
+mod set_value;
 mod setup;
 pub mod templates;
 mod transfer;
@@ -88,7 +89,7 @@ use super::{
     ImportBatch, ImportOutcome, StaleQuery, Store, StoreError, TopAverages, TopAveragesQuery,
     TopList, TopQuery, UnusedPair, WriteBatch,
 };
-use crate::domain::{Clock, Counter, CounterKey, DaySet, Window};
+use crate::domain::{Clock, Counter, CounterKey, CounterSet, DaySet, Window};
 
 pub use self::config::{ElasticsearchArgs, SetupArgs};
 pub use self::mark_transfer::FINGERPRINT_META;
@@ -276,6 +277,10 @@ impl Store for ElasticsearchStore {
         oldest_day: i64,
     ) -> Result<DaysOutcome, StoreError> {
         self.set_days_es(sets, oldest_day).await
+    }
+
+    async fn set_value(&self, set: CounterSet) -> Result<Counter, StoreError> {
+        self.set_value_es(set).await
     }
 
     async fn counter_page(

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{hot, read_counter, sql, windows};
-use crate::domain::{Counter, CounterKey, DaySet};
+use crate::domain::{Counter, CounterKey, CounterSet, DaySet};
 use crate::store::{DaysOutcome, StoreError};
 
 /// Sets the day buckets of `sets` inside a transaction the caller holds
@@ -132,6 +132,40 @@ pub(super) fn set_days_in(
         }
     }
     Ok(DaysOutcome::Applied { previous, counters })
+}
+
+/// Sets the value of `set`'s counter inside a transaction the caller holds
+/// (folded first, so the row is exact), creating the row when there is
+/// none; its buckets are not touched. Answers the row's id and the
+/// counter after the set.
+pub(super) fn set_value_in(
+    tx: &Connection,
+    set: &CounterSet,
+) -> Result<(i64, Counter), StoreError> {
+    let key = &set.key;
+    let mut upsert = tx
+        .prepare_cached(
+            "INSERT INTO counters (entity, action, uuid, value, category, first_ts, recorded_ts)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
+             ON CONFLICT (entity, action, uuid) DO UPDATE SET
+                 value = excluded.value,
+                 category = coalesce(excluded.category, category)
+             RETURNING cid, value, category, first_ts, recorded_ts",
+        )
+        .map_err(sql("backfill::set_value_in"))?;
+    upsert
+        .query_row(
+            params![
+                &*key.entity,
+                &*key.action,
+                &*key.uuid,
+                set.value,
+                set.category.as_deref(),
+                set.now_ms
+            ],
+            |r| Ok((r.get("cid")?, read_counter(r, key.clone())?)),
+        )
+        .map_err(sql("backfill::set_value_in"))
 }
 
 /// A difference of two i64 values as log deltas that each fit i64: one

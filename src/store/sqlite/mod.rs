@@ -45,7 +45,7 @@ use super::{
     DaysOutcome, ImportBatch, ImportOutcome, StaleQuery, Store, StoreError, TopAverages,
     TopAveragesQuery, TopList, TopQuery, UnusedPair, WriteBatch,
 };
-use crate::domain::{Clock, Counter, CounterKey, DaySet, Window};
+use crate::domain::{Clock, Counter, CounterKey, CounterSet, DaySet, Window};
 use background::Idle;
 use connections::Readers;
 use errors::sql;
@@ -582,6 +582,34 @@ impl Store for SqliteStore {
             }
         }
         Ok(out)
+    }
+
+    async fn set_value(&self, set: CounterSet) -> Result<Counter, StoreError> {
+        self.check_halted()?;
+        let last_write = self.last_write.clone();
+        let counter = self
+            .with_writer(move |w| {
+                // Folded first: the row it sets is then exact, and no
+                // logged delta of an earlier flush is added on top later.
+                w.fold_all()?;
+                let tx = w
+                    .conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql("store::set_value"))?;
+                let (cid, counter) = backfill::set_value_in(&tx, &set)?;
+                backfill::commit_set_directly(tx, &w.hot, &[cid], std::iter::once(&set.key))?;
+                last_write.wrote();
+                Ok(counter)
+            })
+            .await?;
+        if let Err(e) = self.sync().await {
+            tracing::error!(error = %e, "sync after setting a value failed");
+            return Err(StoreError::Halted(format!(
+                "{}; the value reached the store but may or may not survive a crash (setting it again is safe)",
+                super::HALTED_AFTER_FSYNC
+            )));
+        }
+        Ok(counter)
     }
 
     async fn counter_page(
