@@ -704,7 +704,7 @@ fn search(docs: &HashMap<(String, String), Map<String, Value>>, target: &str, q:
         "_shards": {"total": 1, "successful": 1, "skipped": 0, "failed": 0},
         "hits": {"max_score": null, "hits": hits.iter().take(size).map(|(i, id, s)| json!({
             "_index": i, "_id": id, "_score": null,
-            "_source": filtered(s, &q["_source"]["includes"]),
+            "_source": filtered(s, &q["_source"]),
             "sort": sort_values(s)
         })).collect::<Vec<_>>()}
     });
@@ -717,15 +717,35 @@ fn search(docs: &HashMap<(String, String), Map<String, Value>>, target: &str, q:
     answer
 }
 
-fn filtered(src: &Map<String, Value>, includes: &Value) -> Value {
-    let mut out = Map::new();
-    for f in includes.as_array().into_iter().flatten() {
-        let f = f.as_str().unwrap();
-        if let Some(v) = src.get(f) {
-            out.insert(f.into(), v.clone());
-        }
+/// `src` as a `_source` parameter asks for it: `true` or absent, whole;
+/// `{"includes": [..]}` those fields; `{"excludes": [..]}` all but those.
+fn filtered(src: &Map<String, Value>, spec: &Value) -> Value {
+    let names = |k: &str| -> Option<Vec<&str>> {
+        spec.get(k)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+    };
+    if spec == &Value::Bool(false) {
+        return json!({});
+    }
+    let mut out = src.clone();
+    if let Some(inc) = names("includes") {
+        out.retain(|k, _| inc.contains(&k.as_str()));
+    }
+    if let Some(exc) = names("excludes") {
+        out.retain(|k, _| !exc.contains(&k.as_str()));
     }
     Value::Object(out)
+}
+
+/// The `get` an update's answer carries: only when the update asked for
+/// `_source`, as a real node does.
+fn update_get(src: &Map<String, Value>, payload: &Value, call: usize, found: bool) -> Value {
+    match payload.get("_source") {
+        None | Some(Value::Bool(false)) => Value::Null,
+        Some(spec) => json!({"_seq_no": call, "_primary_term": 1, "found": found,
+                             "_source": filtered(src, spec)}),
+    }
 }
 
 fn decode(s: &str) -> String {
@@ -851,14 +871,17 @@ impl Fake {
                         }
                     }
                 };
-                let got = filtered(&src, &payload["_source"]["includes"]);
-                items.push(json!({"update": {
+                let mut item = json!({
                     "_index": index, "_id": id, "_version": 1, "result": result,
                     "_shards": {"total": 2, "successful": 1, "failed": 0},
                     "_seq_no": call, "_primary_term": 1,
                     "status": if result == "created" { 201 } else { 200 },
-                    "get": {"_seq_no": call, "_primary_term": 1, "found": existed || result == "created", "_source": got}
-                }}));
+                });
+                let get = update_get(&src, payload, call, existed || result == "created");
+                if !get.is_null() {
+                    item["get"] = get;
+                }
+                items.push(json!({ "update": item }));
                 continue;
             }
             let ran = if average {
@@ -868,18 +891,21 @@ impl Fake {
             };
             match ran {
                 Ok(()) => {
-                    let got = filtered(&src, &payload["_source"]["includes"]);
+                    let get = update_get(&src, payload, call, true);
                     st.bump(&key);
                     st.docs.insert(key, src);
                     st.indices.insert(index.clone());
-                    items.push(json!({"update": {
+                    let mut item = json!({
                         "_index": index, "_id": id, "_version": 1,
                         "result": if existed { "updated" } else { "created" },
                         "_shards": {"total": 2, "successful": 1, "failed": 0},
                         "_seq_no": call, "_primary_term": 1,
                         "status": if existed { 200 } else { 201 },
-                        "get": {"_seq_no": call, "_primary_term": 1, "found": true, "_source": got}
-                    }}));
+                    });
+                    if !get.is_null() {
+                        item["get"] = get;
+                    }
+                    items.push(json!({ "update": item }));
                 }
                 Err(_) => {
                     errors = true;

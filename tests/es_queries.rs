@@ -140,7 +140,7 @@ fn average_samples_are_scripted_upserts_of_their_own_documents() {
     let actions: Vec<_> = plan
         .writes
         .iter()
-        .map(|w| request::action(w, &names(), &settings(), "0123456789abcdef-2a"))
+        .map(|w| request::action(w, &names(), &settings(), "0123456789abcdef-2a", false))
         .collect();
     let refs: Vec<_> = actions.iter().collect();
     let body = String::from_utf8(request::bulk_body(&refs, 5)).unwrap();

@@ -2111,7 +2111,7 @@ fn named_bulk(prefix: &str, op: &str) -> Vec<u8> {
     let actions: Vec<_> = plan
         .writes
         .iter()
-        .map(|w| request::action(w, &names, &settings, op))
+        .map(|w| request::action(w, &names, &settings, op, true))
         .collect();
     let refs: Vec<_> = actions.iter().collect();
     request::bulk_body(&refs, 5)

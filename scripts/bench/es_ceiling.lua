@@ -14,6 +14,14 @@
 -- "events/s" and "items/s" over the run's duration.
 local keys, s = tonumber(os.getenv("KEYS") or "10000"), 1.0
 local draws = tonumber(os.getenv("DRAWS") or "2048")
+-- COUNTER_SOURCE and BUCKET_SOURCE, when set, are the `_source` asked of
+-- each counter and bucket item (JSON: `true`, or `{"includes":[...]}` as the
+-- gateway once asked); TIMEOUT sets the bulk's `timeout` parameter.
+local counter_source = os.getenv("COUNTER_SOURCE")
+local bucket_source = os.getenv("BUCKET_SOURCE")
+local timeout = os.getenv("TIMEOUT")
+counter_source = counter_source and ('"_source":' .. counter_source .. ',') or ""
+bucket_source = bucket_source and ('"_source":' .. bucket_source .. ',') or ""
 local cdf = {}
 local prefix = "bench-ceiling"
 local threads = {}
@@ -70,15 +78,18 @@ request = function()
     lines[#lines + 1] = string.format(
       '{"update":{"_index":"%s_default_counters","_id":"%s","retry_on_conflict":5}}', prefix, id)
     lines[#lines + 1] = string.format(
-      '{"scripted_upsert":true,"upsert":{},"script":{"id":"%s-counter-update-v2","params":{%s}}}', prefix, params)
+      '{%s"scripted_upsert":true,"upsert":{},"script":{"id":"%s-counter-update-v2","params":{%s}}}',
+      counter_source, prefix, params)
     lines[#lines + 1] = string.format(
       '{"update":{"_index":"%s_default_histogram_counters-%s","_id":"%s@%s","routing":"%s","retry_on_conflict":5}}',
       prefix, month, id, date, id)
     lines[#lines + 1] = string.format(
-      '{"scripted_upsert":true,"upsert":{},"script":{"id":"%s-bucket-update-v2","params":{%s,"day":%d}}}',
-      prefix, params, day * 86400000)
+      '{%s"scripted_upsert":true,"upsert":{},"script":{"id":"%s-bucket-update-v2","params":{%s,"day":%d}}}',
+      bucket_source, prefix, params, day * 86400000)
   end
-  return wrk.format("POST", "/_bulk", { ["Content-Type"] = "application/x-ndjson" },
+  local path = "/_bulk"
+  if timeout then path = path .. "?timeout=" .. timeout end
+  return wrk.format("POST", path, { ["Content-Type"] = "application/x-ndjson" },
     table.concat(lines, "\n") .. "\n")
 end
 

@@ -4,7 +4,7 @@
 //! and replayed request by request; deletes.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use elasticsearch::http::Method;
 use serde_json::Value;
@@ -151,7 +151,7 @@ impl ElasticsearchStore {
             }
         };
         if let Ok(plan) = request::plan(&requests) {
-            let (results, sent) = self.send_writes(&plan.writes, &settings).await;
+            let (results, sent) = self.send_writes(&plan.writes, &settings, wanted).await;
             out.store_writes += sent;
             if !results.iter().any(is_overflow) {
                 out.requests = outcomes(&plan, &results);
@@ -201,7 +201,7 @@ impl ElasticsearchStore {
                     all_fates(one, Fate::NotApplied),
                 ),
                 Ok(plan) => {
-                    let (results, sent) = self.send_writes(&plan.writes, &settings).await;
+                    let (results, sent) = self.send_writes(&plan.writes, &settings, wanted).await;
                     out.store_writes += sent;
                     if let Some(w) = results.iter().position(is_overflow) {
                         if self
@@ -314,13 +314,22 @@ impl ElasticsearchStore {
         &self,
         writes: &[DocWrite],
         settings: &WriteSettings,
+        wanted: &HashSet<CounterKey>,
     ) -> (Vec<ItemResult>, usize) {
         // One name for the whole bulk: each document is in it once, and
         // its resends (below) carry the same name, so none is taken twice.
         let op = self.ops.next();
         let actions: Vec<_> = writes
             .iter()
-            .map(|w| request::action(w, &self.config.names, settings, &op))
+            .map(|w| {
+                request::action(
+                    w,
+                    &self.config.names,
+                    settings,
+                    &op,
+                    wanted.contains(&w.key),
+                )
+            })
             .collect();
         let (results, sent) = self
             .send_actions(&actions, settings.retry_on_conflict)
@@ -368,6 +377,7 @@ impl ElasticsearchStore {
                 let batch: Vec<_> = chunk.iter().map(|&i| &actions[i]).collect();
                 let body = request::bulk_body(&batch, retry_on_conflict);
                 sent += chunk.len();
+                let (bytes, started) = (body.len(), Instant::now());
                 let answer = self
                     .raw_call(
                         Method::Post,
@@ -377,6 +387,13 @@ impl ElasticsearchStore {
                         Some("application/x-ndjson"),
                     )
                     .await;
+                tracing::debug!(
+                    items = chunk.len(),
+                    bytes,
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    status = answer.as_ref().map(|a| a.0).ok(),
+                    "bulk answered"
+                );
                 match answer {
                     Ok((200, json)) => match response::parse_bulk(&json, chunk.len()) {
                         Ok(items) => {
@@ -498,7 +515,7 @@ impl ElasticsearchStore {
         if undo.is_empty() {
             return true;
         }
-        let (res, n) = self.send_writes(&undo, settings).await;
+        let (res, n) = self.send_writes(&undo, settings, &HashSet::new()).await;
         *sent += n;
         let ok = res.iter().all(|r| r.class == ItemClass::Done);
         if !ok {
