@@ -110,16 +110,70 @@ pub fn parse_prior_weight(text: &str) -> Result<f64, String> {
 /// The mean of the averages `sum / quantity` of the targets with samples;
 /// `None` when there is none.
 pub fn mean_of_averages(targets: impl IntoIterator<Item = (i128, i128)>) -> Option<f64> {
-    let (mut total, mut count) = (0.0_f64, 0_u64);
+    let mut mean = MeanOfAverages::default();
     for (sum, quantity) in targets {
+        mean.push(sum, quantity);
+    }
+    mean.mean()
+}
+
+/// [`mean_of_averages`] taken as rows come in. The sum is a plain running
+/// sum of doubles, so its last bits depend on the order: every store feeds
+/// it in uuid order (bytewise), and the same rows give the same mean, to the
+/// bit, on each of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MeanOfAverages {
+    total: f64,
+    count: u64,
+}
+
+impl MeanOfAverages {
+    /// Adds one target; one without samples is left out.
+    pub fn push(&mut self, sum: i128, quantity: i128) {
         if quantity > 0 {
-            total += sum as f64 / quantity as f64;
-            count += 1;
+            self.total += sum as f64 / quantity as f64;
+            self.count += 1;
         }
     }
-    (count > 0)
-        .then(|| total / count as f64)
-        .filter(|c| c.is_finite())
+
+    /// How many targets with samples were added.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub fn mean(&self) -> Option<f64> {
+        (self.count > 0)
+            .then(|| self.total / self.count as f64)
+            .filter(|c| c.is_finite())
+    }
+}
+
+impl Rank {
+    /// The score of one target, `None` when it has none (no samples).
+    /// `prior_mean` is `C` of [`Rank::Bayesian`] (unused by the others).
+    pub fn score(
+        &self,
+        sum: i128,
+        quantity: i128,
+        prior_mean: f64,
+    ) -> Result<Option<f64>, OutOfScale> {
+        match *self {
+            Rank::Average => Ok((quantity > 0).then(|| sum as f64 / quantity as f64)),
+            Rank::Bayesian { prior_weight } => {
+                Ok(bayesian(sum, quantity, prior_weight, prior_mean))
+            }
+            Rank::Wilson { lo, hi, z } => wilson(sum, quantity, lo, hi, z),
+        }
+    }
+
+    /// The `rank` parameter's name of this rank.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Rank::Average => "none",
+            Rank::Bayesian { .. } => "bayesian",
+            Rank::Wilson { .. } => "wilson",
+        }
+    }
 }
 
 #[cfg(test)]
@@ -199,5 +253,26 @@ mod tests {
     fn the_mean_of_averages_skips_targets_without_samples() {
         assert_eq!(mean_of_averages([(5, 1), (8, 2), (0, 0)]), Some(4.5));
         assert_eq!(mean_of_averages([(0, 0)]), None);
+        let mut m = MeanOfAverages::default();
+        m.push(9, 2);
+        m.push(3, 0);
+        assert_eq!((m.count(), m.mean()), (1, Some(4.5)));
+    }
+
+    #[test]
+    fn a_rank_scores_with_its_formula() {
+        let b = Rank::Bayesian { prior_weight: 10.0 };
+        assert!(close(b.score(5, 1, 3.5).unwrap().unwrap(), 40.0 / 11.0));
+        let w = Rank::Wilson {
+            lo: 1,
+            hi: 5,
+            z: DEFAULT_Z,
+        };
+        assert!(close(
+            w.score(5, 1, f64::NAN).unwrap().unwrap(),
+            1.0 / 4.8416
+        ));
+        assert_eq!(w.score(6, 1, 0.0), Err(OutOfScale { average: 6.0 }));
+        assert_eq!(Rank::Average.score(9, 2, 0.0), Ok(Some(4.5)));
     }
 }
