@@ -283,6 +283,23 @@ async fn the_dashboard_renders_top_lists_chart_and_reports_in_a_browser() {
         .collect();
     assert_eq!(averages, ["r1", "r2"], "min quantity 2 leaves r3 out");
     assert!(part(&dom, "averages").contains(">5.00<"));
+    assert!(!part(&dom, "averages").contains("class=\"num score\">4"));
+
+    // The Bayesian rank: m = min. quantity = 1, C = (5 + 4 + 5) / 3, so r1
+    // scores (10 + C) / 3 = 4.889, r3 (5 + C) / 2 = 4.833, r2 (12 + C) / 4.
+    let dom = dump_dom(format!(
+        "{page}#entity=VIDEO&action=VIEW&avg_action=RATING&rank=bayesian"
+    ))
+    .await;
+    let averages: Vec<String> = tags(part(&dom, "averages"), "tr")
+        .into_iter()
+        .filter_map(|a| a.get("data-uuid").cloned())
+        .collect();
+    assert_eq!(averages, ["r1", "r3", "r2"], "{dom}");
+    let table = part(&dom, "averages");
+    for score in [">4.889<", ">4.833<", ">4.167<"] {
+        assert!(table.contains(score), "{score} in {table}");
+    }
     let stale: Vec<String> = tags(part(&dom, "stale"), "tr")
         .into_iter()
         .filter_map(|a| a.get("data-id").cloned())

@@ -343,6 +343,7 @@ fn top_average_bodies() {
         category: None,
         min_quantity: 2,
         size: 10,
+        rank: counter_gateway::domain::rank::Rank::Average,
     };
     assert_body(
         &query::top_averages_all_time_query(&q),
@@ -353,6 +354,27 @@ fn top_average_bodies() {
     assert_body(
         &query::top_averages_window_query(&q, week(), &CategoryFilter::None, Some(&after)),
         "top_averages_window.json",
+    );
+}
+
+/// A ranked list walks every average of the pair in uuid order, by
+/// `search_after` (a windowed one uses the composite pages above).
+#[test]
+fn ranked_average_bodies_walk_by_uuid() {
+    let q = TopAveragesQuery {
+        entity: "ARTICLE".into(),
+        action: "rating".into(),
+        window: None,
+        category: Some("tech".into()),
+        min_quantity: 2,
+        size: 10,
+        rank: counter_gateway::domain::rank::Rank::Bayesian { prior_weight: 5.0 },
+    };
+    let first = query::ranked_averages_all_time_query(&q, None);
+    assert!(first.get("search_after").is_none());
+    assert_body(
+        &query::ranked_averages_all_time_query(&q, Some("a4")),
+        "ranked_averages_all_time_after.json",
     );
 }
 
@@ -510,6 +532,7 @@ fn averages_are_read_and_ranked_like_the_embedded_store() {
             sum,
             quantity,
             category: None,
+            score: None,
         })
         .collect();
     query::rank_averages(&mut entries, 10);

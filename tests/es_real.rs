@@ -2388,3 +2388,68 @@ async fn increments_racing_a_set_of_their_counter_keep_its_order() {
     assert_eq!(t["counters"][0]["value"], json!(7), "{t}");
     es.cleanup().await;
 }
+
+/// Ranked top averages over more averages than one page holds (1,100: two
+/// `composite` pages in a window) give the same lists, scores and `C` as
+/// the embedded store, all time and in a window, by both ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn ranked_averages_past_one_page_match_the_embedded_store() {
+    let (es, on_es) = start().await;
+    let on_es = refreshing(on_es, &es.url, &es.prefix);
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(
+            dir.path(),
+            Durability::Relaxed,
+            Duration::from_secs(86_400),
+            TimePolicy::default().retention_days,
+            clock(),
+        )
+        .unwrap(),
+    );
+    let embedded = router_over(sqlite, clock());
+    // Target i: 1 to 4 samples on 1..5, some ten days ago, so the window
+    // and all time differ; a deterministic mix with many ties.
+    let mut samples = Vec::new();
+    for i in 0..1100u64 {
+        for s in 0..(i % 4 + 1) {
+            let mut body = json!({"value": ((i * 3 + s * 7) % 5) + 1});
+            if (i + s) % 3 == 0 {
+                body["timestamp"] =
+                    json!((common::test_now() - chrono::Duration::days(10)).to_rfc3339());
+            }
+            samples.push((format!("/v1/averages/PRODUCT/stars/p{i:04}"), body));
+        }
+    }
+    for chunk in samples.chunks(64) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (path, body) in chunk.iter().cloned() {
+            let (a, b) = (on_es.clone(), embedded.clone());
+            tasks.spawn(async move {
+                let (x, _) = call(&a, "POST", &path, Some(body.clone())).await;
+                let (y, _) = call(&b, "POST", &path, Some(body)).await;
+                assert_eq!((x, y), (200, 200), "{path}");
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+    }
+    for query in [
+        "rank=bayesian&size=50",
+        "rank=bayesian&prior_weight=3&interval=last_week&size=50",
+        "rank=bayesian&min_quantity=2&interval=last_month&size=1000",
+        "rank=wilson&scale=1..5&size=50",
+        "rank=wilson&scale=1..5&z=1&interval=last_week&size=50",
+    ] {
+        let path = format!("/v1/top-averages/PRODUCT/stars?{query}");
+        let (a, x) = call(&on_es, "GET", &path, None).await;
+        let (b, y) = call(&embedded, "GET", &path, None).await;
+        assert_eq!((a, &x), (b, &y), "{path}");
+        assert_eq!(a, 200, "{path}: {x}");
+        assert!(!x["averages"].as_array().unwrap().is_empty(), "{path}");
+        assert_eq!(x["exact"], json!(true), "{path}");
+    }
+    es.cleanup().await;
+}

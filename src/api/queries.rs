@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::extract::{PathParams, QueryParams};
 use super::model::KeyPath;
 use super::AppState;
+use crate::domain::rank::{self, Rank};
 use crate::domain::{format_day, resolve_window, validate_name, CounterKey, Resolved, Window};
 use crate::error::ApiError;
 use crate::store::{TopAveragesQuery, TopQuery, MAX_TOP_SIZE};
@@ -290,6 +291,88 @@ pub struct TopAveragesParams {
     size: Option<String>,
     #[param(inline, value_type = Option<crate::api::openapi::Positive>)]
     min_quantity: Option<String>,
+    /// How the list is ordered: `none` (the default) by average; `bayesian`
+    /// by the weighted rating `v/(v+m)·R + m/(v+m)·C` (`v` a target's
+    /// quantity, `R` its average, `m` the `prior_weight`, `C` the mean of
+    /// the averages the list considers, answered as `prior_mean`);
+    /// `wilson` by the lower bound of the Wilson interval at `z` for the
+    /// average rescaled to 0..1 by `scale`, over `v` samples. Ties of a
+    /// score: quantity descending, then uuid.
+    #[param(inline, value_type = Option<RankName>)]
+    rank: Option<String>,
+    /// `rank=bayesian` only: `m`, the weight of the prior mean, as that many
+    /// samples of it (`0 <= m <= 1e12`); default `min_quantity`.
+    #[param(value_type = Option<f64>, minimum = 0, maximum = 1e12)]
+    prior_weight: Option<String>,
+    /// `rank=wilson` only, and required there: the rating scale `lo..hi`,
+    /// two integers with `lo < hi` (`1..5` for five stars).
+    #[param(value_type = Option<String>, pattern = "^-?[0-9]+\\.\\.-?[0-9]+$", example = "1..5")]
+    scale: Option<String>,
+    /// `rank=wilson` only: the normal quantile of the interval
+    /// (`0 < z <= 10`); default 1.96, a 95 % interval.
+    #[param(value_type = Option<f64>, exclusive_minimum = 0, maximum = 10)]
+    z: Option<String>,
+}
+
+/// The values of the `rank` parameter.
+#[derive(utoipa::ToSchema)]
+#[schema(as = Rank)]
+#[allow(dead_code)]
+#[schema(rename_all = "lowercase")]
+enum RankName {
+    None,
+    Bayesian,
+    Wilson,
+}
+
+impl TopAveragesParams {
+    /// The rank asked for, its parameters checked; a parameter of another
+    /// rank is refused rather than ignored, so a typo surfaces.
+    fn rank(&self, min_quantity: i64) -> Result<Rank, ApiError> {
+        let bad = |m: String| ApiError::BadRequest(m);
+        let only = |field: &str, rank: &str| {
+            bad(format!(
+                "{field} is a parameter of rank={rank} only; this request ranks by {}",
+                self.rank.as_deref().unwrap_or("none")
+            ))
+        };
+        let name = self.rank.as_deref().unwrap_or("none");
+        if name != "bayesian" && self.prior_weight.is_some() {
+            return Err(only("prior_weight", "bayesian"));
+        }
+        if name != "wilson" {
+            if self.scale.is_some() {
+                return Err(only("scale", "wilson"));
+            }
+            if self.z.is_some() {
+                return Err(only("z", "wilson"));
+            }
+        }
+        match name {
+            "none" => Ok(Rank::Average),
+            "bayesian" => {
+                let prior_weight = match self.prior_weight.as_deref() {
+                    Some(m) => rank::parse_prior_weight(m).map_err(bad)?,
+                    None => min_quantity as f64,
+                };
+                Ok(Rank::Bayesian { prior_weight })
+            }
+            "wilson" => {
+                let scale = self.scale.as_deref().ok_or_else(|| {
+                    bad("scale: rank=wilson needs the rating scale, e.g. scale=1..5".into())
+                })?;
+                let (lo, hi) = rank::parse_scale(scale).map_err(bad)?;
+                let z = match self.z.as_deref() {
+                    Some(z) => rank::parse_z(z).map_err(bad)?,
+                    None => rank::DEFAULT_Z,
+                };
+                Ok(Rank::Wilson { lo, hi, z })
+            }
+            other => Err(bad(format!(
+                "rank {other:?} is not one of none, bayesian, wilson"
+            ))),
+        }
+    }
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -304,6 +387,12 @@ pub struct AverageEntryJson {
     /// `sum / quantity`; `null` without samples.
     #[schema(required = true)]
     average: Option<f64>,
+    /// The score of `rank` (absent without one): the Bayesian weighted
+    /// rating, on the scale of the averages, or the Wilson lower bound, in
+    /// `0..1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    score: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     category: Option<String>,
@@ -321,6 +410,29 @@ pub struct TopAveragesJson {
     category: Option<String>,
     min_quantity: i64,
     size: usize,
+    /// The rank asked for (`bayesian`, `wilson`); absent by average.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<RankName>, nullable = false)]
+    rank: Option<&'static str>,
+    /// `rank=bayesian`: `m`, the prior's weight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    prior_weight: Option<f64>,
+    /// `rank=bayesian`: `C`, the mean of the averages the list considers
+    /// (every target of the pair, window and category with at least
+    /// `min_quantity` samples, not only those listed); `null` when there is
+    /// none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<f64>)]
+    prior_mean: Option<Option<f64>>,
+    /// `rank=wilson`: the rating scale, `lo..hi`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, example = "1..5")]
+    scale: Option<String>,
+    /// `rank=wilson`: the normal quantile of the interval.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    z: Option<f64>,
     exact: bool,
     averages: Vec<AverageEntryJson>,
 }
@@ -332,9 +444,11 @@ pub fn mean(sum: i128, quantity: i128) -> Option<f64> {
 
 /// `GET /v1/top-averages/{entity}/{action}`: the highest averages among those
 /// with at least `min_quantity` samples (default 1); ties by quantity
-/// descending, then uuid ascending.
+/// descending, then uuid ascending. With `rank`, the highest scores of a
+/// confidence-adjusted rank instead (`bayesian`, `wilson`), so one 5-star
+/// rating no longer tops 400 averaging 4.8.
 #[utoipa::path(get, path = "/v1/top-averages/{entity}/{action}",
-    summary = "The highest averages",
+    summary = "The highest averages, or the best by a confidence-adjusted rank",
     params(PairPath, TopAveragesParams), security(("bearer" = ["read"]), ("key" = ["read"])),
     responses((status = 200, description = "Success", body = TopAveragesJson)))]
 pub async fn top_averages(
@@ -349,16 +463,35 @@ pub async fn top_averages(
         p.from.as_deref(),
         p.to.as_deref(),
     )?;
+    let min_quantity = positive("min_quantity", p.min_quantity.as_deref(), 1, i64::MAX)?;
+    let rank = p.rank(min_quantity)?;
     let query = TopAveragesQuery {
         entity,
         action,
         window: resolved.window,
         category: category(p.category)?,
-        min_quantity: positive("min_quantity", p.min_quantity.as_deref(), 1, i64::MAX)?,
+        min_quantity,
         size: size(p.size.as_deref())?,
+        rank,
     };
     let list = app.store.top_averages(&query).await?;
+    if let (Some(out), Rank::Wilson { lo, hi, .. }) = (&list.out_of_scale, rank) {
+        return Err(ApiError::BadRequest(format!(
+            "scale: the average {} of {:?} lies outside {lo}..{hi}; give the scale its ratings are on",
+            out.average, out.uuid
+        )));
+    }
+    let (prior_weight, prior_mean, scale, z) = match rank {
+        Rank::Average => (None, None, None, None),
+        Rank::Bayesian { prior_weight } => (Some(prior_weight), Some(list.prior_mean), None, None),
+        Rank::Wilson { lo, hi, z } => (None, None, Some(format!("{lo}..{hi}")), Some(z)),
+    };
     Ok(Json(TopAveragesJson {
+        rank: (rank != Rank::Average).then(|| rank.name()),
+        prior_weight,
+        prior_mean,
+        scale,
+        z,
         averages: list
             .entries
             .into_iter()
@@ -368,6 +501,7 @@ pub async fn top_averages(
                 sum: e.sum,
                 quantity: e.quantity,
                 average: mean(e.sum, e.quantity),
+                score: e.score,
                 category: e.category,
             })
             .collect(),

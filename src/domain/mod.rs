@@ -9,6 +9,7 @@ mod coalesce;
 mod counter;
 mod event;
 mod key;
+pub mod rank;
 mod time;
 mod window;
 

@@ -85,10 +85,7 @@ impl Store for EmptyStore {
     }
 
     async fn top_averages(&self, _query: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
-        Ok(TopAverages {
-            entries: Vec::new(),
-            exact: true,
-        })
+        Ok(TopAverages::by_average(Vec::new(), true))
     }
 
     async fn get_many(&self, keys: &[CounterKey]) -> Result<Vec<Option<Counter>>, StoreError> {

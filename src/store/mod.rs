@@ -9,6 +9,7 @@ pub mod elasticsearch;
 pub mod empty;
 pub mod history;
 pub mod query;
+pub mod ranked;
 pub mod sqlite;
 
 use std::collections::{HashMap, HashSet};
@@ -21,8 +22,8 @@ pub use history::{
     ImportBatch, ImportEntry, ImportOutcome, MarkState,
 };
 pub use query::{
-    Average, AverageEntry, StaleQuery, TopAverages, TopAveragesQuery, TopEntry, TopList, TopQuery,
-    UnusedPair, MAX_TOP_SIZE,
+    Average, AverageEntry, OutOfScaleAt, StaleQuery, TopAverages, TopAveragesQuery, TopEntry,
+    TopList, TopQuery, UnusedPair, MAX_TOP_SIZE,
 };
 
 /// The increments of one flush, grouped by the request that sent them.

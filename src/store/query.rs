@@ -3,6 +3,7 @@
 //! whole UTC days, cut-offs in milliseconds) so that each store only maps
 //! them to its own query language: SQL here, aggregations on Elasticsearch.
 
+use crate::domain::rank::Rank;
 use crate::domain::{CounterKey, Window};
 
 /// Largest `size` of a top list: what a store answers in one page.
@@ -81,11 +82,18 @@ pub struct Average {
     pub recorded_ms: i64,
 }
 
-/// The average counters with the highest average, over all time or inside a
-/// window, among those with at least `min_quantity` samples there.
+/// The average counters with the highest average (or the highest score of
+/// a confidence-adjusted `rank`), over all time or inside a window, among
+/// those with at least `min_quantity` samples there.
 ///
-/// Order: average descending, then quantity descending, then uuid ascending.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Order, by average ([`Rank::Average`]): average descending, then quantity
+/// descending, then uuid ascending. By another rank: its score descending,
+/// then quantity descending, then uuid ascending (bytewise). The scores of
+/// [`Rank::Bayesian`] need `C`, the mean of the averages of every target the
+/// list considers (the pair, the window, the category, `min_quantity`), so
+/// a store reads them all, in uuid order (see
+/// [`crate::domain::rank::MeanOfAverages`]), and keeps the best `size`.
+#[derive(Clone, Debug, PartialEq)]
 pub struct TopAveragesQuery {
     pub entity: String,
     pub action: String,
@@ -94,19 +102,47 @@ pub struct TopAveragesQuery {
     /// At least 1, so an average is always defined.
     pub min_quantity: i64,
     pub size: usize,
+    pub rank: Rank,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AverageEntry {
     pub uuid: String,
     /// `i128` as in [`Average`].
     pub sum: i128,
     pub quantity: i128,
     pub category: Option<String>,
+    /// The score of the query's rank; `None` when ranked by average.
+    pub score: Option<f64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A target whose average lies outside the `scale` of a Wilson rank: the
+/// first in uuid order, so both stores name the same one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutOfScaleAt {
+    pub uuid: String,
+    pub average: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
 pub struct TopAverages {
     pub entries: Vec<AverageEntry>,
     pub exact: bool,
+    /// `C` of a Bayesian rank; `None` otherwise, or without any average.
+    pub prior_mean: Option<f64>,
+    /// A Wilson rank met an average outside its scale: no list, the
+    /// request is refused naming this target.
+    pub out_of_scale: Option<OutOfScaleAt>,
+}
+
+impl TopAverages {
+    /// A list ranked by average (no prior, nothing out of scale).
+    pub fn by_average(entries: Vec<AverageEntry>, exact: bool) -> Self {
+        TopAverages {
+            entries,
+            exact,
+            prior_mean: None,
+            out_of_scale: None,
+        }
+    }
 }

@@ -16,7 +16,11 @@
 //!   (the body as text, special strings allowed), `bytes_hex` (the body's
 //!   exact bytes, in hex), `headers`.
 //! - Special strings in expectations: `"$any"`, `"$absent"` (object key or
-//!   header must be missing), `"$present"`, `"$contains:<text>"`.
+//!   header must be missing), `"$present"`, `"$contains:<text>"`,
+//!   `"$approx:<number>"` (a number within 1e-6 of it: a score computed in
+//!   doubles, written to 7 places).
+//! - A step with `"repeat": N` sends its request N times (each answer
+//!   checked): 400 ratings without 400 steps.
 //! - Time, relative to the clock the target's server reads (one manual
 //!   clock, standing still unless a step moves it): `{day:-3d}` becomes the
 //!   UTC day 3 days before it (`2026-11-27`), `{ts:-3d}` that instant in RFC
@@ -142,7 +146,22 @@ pub async fn run_scenario(
                     None => offset(raw).map(|by| clock.advance(by)),
                 })
                 .ok_or_else(|| format!("bad clock step {by}")),
-            None => run_step(router, step, clock.now(), &mut vars).await,
+            None => {
+                let times = step.get("repeat").map_or(Some(1), Value::as_u64);
+                match times {
+                    Some(n) => {
+                        let mut r = Ok(());
+                        for _ in 0..n {
+                            r = run_step(router, step, clock.now(), &mut vars).await;
+                            if r.is_err() {
+                                break;
+                            }
+                        }
+                        r
+                    }
+                    None => Err(format!("bad repeat {}", step["repeat"])),
+                }
+            }
         };
         result.map_err(|e| format!("step {i}{what}: {e}"))?;
     }
@@ -388,6 +407,15 @@ fn matches(want: &Value, got: &Value, at: &str) -> Result<(), String> {
     match (want, got) {
         (Value::String(w), _) if w == "$any" => Ok(()),
         (Value::String(w), _) if w == "$present" => Ok(()),
+        (Value::String(w), Value::Number(g)) if w.starts_with("$approx:") => {
+            let want: f64 = w["$approx:".len()..]
+                .parse()
+                .map_err(|_| format!(" at {at}: bad expectation {w}"))?;
+            let got = g.as_f64().unwrap_or(f64::NAN);
+            ((got - want).abs() <= 1e-6)
+                .then_some(())
+                .ok_or_else(differ)
+        }
         (Value::String(w), Value::String(g)) => text_matches(w, g).then_some(()).ok_or_else(differ),
         (Value::Number(w), Value::Number(g)) => {
             let same = match (w.as_i64(), g.as_i64()) {
@@ -474,6 +502,9 @@ mod tests {
         assert!(matches(&json!({"b": []}), &got, "").is_err());
         assert!(matches(&json!({"a": "$absent"}), &got, "").is_err());
         assert!(matches(&json!({"z": 1}), &got, "").is_err());
+        assert!(matches(&json!({"b": [{"x": "$approx:2.5000004"}]}), &got, "").is_ok());
+        assert!(matches(&json!({"b": [{"x": "$approx:2.500002"}]}), &got, "").is_err());
+        assert!(matches(&json!({"b": [{"y": "$approx:2.5"}]}), &got, "").is_err());
     }
 
     #[test]

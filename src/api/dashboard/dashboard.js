@@ -21,7 +21,7 @@
   // Everything the page shows is a function of this state (and the data).
   const state = {
     tenant: "", entity: "", action: "", interval: "all", from: "", to: "",
-    category: "", uuid: "", avg_action: "", min_quantity: "1", days: "30",
+    category: "", uuid: "", avg_action: "", min_quantity: "1", rank: "", days: "30",
     size: "20", refresh: "5",
   };
   // Cursors of the stale pages seen so far: staleCursors[n] starts page n.
@@ -79,6 +79,7 @@
     $("category").value = state.category;
     $("avg-action").value = state.avg_action;
     $("min-quantity").value = state.min_quantity;
+    $("avg-rank").checked = state.rank === "bayesian";
     $("days").value = state.days;
     $("page-size").value = state.size;
     showRange();
@@ -110,6 +111,7 @@
     state.category = $("category").value.trim();
     state.avg_action = $("avg-action").value.trim();
     state.min_quantity = $("min-quantity").value || "1";
+    state.rank = $("avg-rank").checked ? "bayesian" : "";
     state.days = $("days").value || "30";
     state.size = $("page-size").value || "20";
     if (before !== state.entity + "\u0000" + state.action + "\u0000" + state.tenant) state.uuid = "";
@@ -282,13 +284,15 @@
   }
 
   function renderAverages(avg) {
-    fillTable("averages", avg.averages, 4, (a, i) => {
+    fillTable("averages", avg.averages, 5, (a, i) => {
       const tr = document.createElement("tr");
       tr.dataset.uuid = a.uuid;
       cell(tr, i + 1);
       cell(tr, a.uuid, "uuid");
       cell(tr, a.average === null ? "" : a.average.toFixed(2), "num average");
       cell(tr, a.quantity, "num quantity");
+      // Bayesian rank: the weighted rating; otherwise no score.
+      cell(tr, typeof a.score === "number" ? a.score.toFixed(3) : "", "num score");
       return tr;
     });
   }
@@ -339,6 +343,7 @@
       jobs.top = api("/v1/top/" + pair(), { ...windowParams(false), category: state.category, size: TOP_SIZE });
       jobs.averages = api("/v1/top-averages/" + enc(state.entity) + "/" + enc(state.avg_action || state.action), {
         ...windowParams(false), category: state.category, min_quantity: state.min_quantity, size: 10,
+        rank: state.rank === "bayesian" ? "bayesian" : "",
       });
     }
     const names = Object.keys(jobs);
@@ -458,6 +463,11 @@
         refresh();
       });
     }
+    $("avg-rank").addEventListener("change", () => {
+      readInputs();
+      writeFragment();
+      refresh();
+    });
     $("stale-next").addEventListener("click", () => {
       if (!staleNext) return;
       staleCursors[stalePage + 1] = staleNext;

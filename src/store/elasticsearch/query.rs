@@ -23,6 +23,15 @@
 //!   order is a quotient, and pipeline aggregations cannot order `terms`), so
 //!   every average of the window is read by a paged `composite` aggregation
 //!   and ordered here: exact, at a cost linear in the averages in the window.
+//! - Top averages by a confidence-adjusted rank (Bayesian, Wilson) read
+//!   every average the list considers, all time by a `search_after` walk of
+//!   the averages sorted by uuid, in a window by the same `composite` pages
+//!   (also in uuid order), and score them here with a heap of `size`
+//!   ([`crate::store::ranked`]): exact, memory bounded by a page and the
+//!   list. A Bayesian rank walks them twice (first `C`, the mean of their
+//!   averages, then the scores); a write seen between the two walks moves
+//!   `C`, which the second walk sees, so it walks again with the new `C`
+//!   (at most [`RANK_WALKS`] walks in all).
 //! - `sum` aggregations answer doubles: a sum is exact while it stays within
 //!   ±2^53; past that the parsers say the list is not exact. The unused
 //!   report sums the high and low 32 bits of each value separately (runtime
@@ -45,6 +54,13 @@ pub const MAX_HITS: usize = 10_000;
 
 /// Buckets per page of a `composite` aggregation.
 pub const COMPOSITE_PAGE: usize = 1_000;
+
+/// Averages per page of the all-time walk of a ranked list.
+pub const RANK_PAGE: usize = 5_000;
+
+/// Most walks over the averages a Bayesian rank makes: one for `C`, then
+/// one to score, again while writes move `C` between two walks.
+pub const RANK_WALKS: usize = 4;
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -262,6 +278,25 @@ pub fn top_averages_all_time_query(q: &TopAveragesQuery) -> Value {
         "sort": [{"average": "desc"}, {"quantity": "desc"}, {"uuid": "asc"}],
         "_source": {"includes": ["uuid", "sum", "quantity", "category"]}
     })
+}
+
+/// One page of the all-time walk of a ranked list: the averages of the pair
+/// (and category) with at least `min_quantity` samples, by uuid, after the
+/// last uuid of the previous page.
+pub fn ranked_averages_all_time_query(q: &TopAveragesQuery, after: Option<&str>) -> Value {
+    let mut filters = pair_filters(&q.entity, &q.action, q.category.as_deref());
+    filters.push(json!({"range": {"quantity": {"gte": q.min_quantity}}}));
+    let mut body = json!({
+        "size": RANK_PAGE,
+        "track_total_hits": false,
+        "query": {"bool": {"filter": filters}},
+        "sort": [{"uuid": "asc"}],
+        "_source": {"includes": ["uuid", "sum", "quantity", "category"]}
+    });
+    if let Some(a) = after {
+        body["search_after"] = json!([a]);
+    }
+    body
 }
 
 /// One page of windowed top averages: per uuid, the sums of `sum` and
@@ -609,6 +644,7 @@ pub fn top_averages_from_search(body: &Value) -> Result<Vec<AverageEntry>, Strin
                     .ok_or("an average has no quantity")?
                     .into(),
                 category: text(s.get("category")),
+                score: None,
             })
         })
         .collect()
@@ -703,6 +739,7 @@ mod tests {
             sum,
             quantity,
             category: None,
+            score: None,
         };
         let mut rows = vec![
             e("b", 8, 2),

@@ -11,7 +11,9 @@ use serde_json::Value;
 use super::client::{search_routing, status_error};
 use super::query::{self, CategoryFilter};
 use super::{request, response, ElasticsearchStore};
+use crate::domain::rank::{MeanOfAverages, Rank};
 use crate::domain::{Counter, CounterKey, Window};
+use crate::store::ranked::RankedTop;
 use crate::store::{
     Average, AverageEntry, Bucket, StaleQuery, StoreError, TopAverages, TopAveragesQuery, TopEntry,
     TopList, TopQuery, UnusedPair,
@@ -226,6 +228,9 @@ impl ElasticsearchStore {
         &self,
         q: &TopAveragesQuery,
     ) -> Result<TopAverages, StoreError> {
+        if q.rank != Rank::Average {
+            return self.read_ranked_averages(q).await;
+        }
         let averages = self.config.names.averages();
         let Some(window) = q.window else {
             let answer = self
@@ -236,20 +241,14 @@ impl ElasticsearchStore {
                 )
                 .await?;
             let entries = query::top_averages_from_search(&answer).map_err(StoreError::Internal)?;
-            return Ok(TopAverages {
-                entries,
-                exact: true,
-            });
+            return Ok(TopAverages::by_average(entries, true));
         };
         let cat = self
             .category_filter(&averages, &q.entity, &q.action, q.category.as_deref())
             .await?;
         let mut exact = !matches!(cat, CategoryFilter::BucketCategory(_));
         if cat == CategoryFilter::Uuids(Vec::new()) {
-            return Ok(TopAverages {
-                entries: Vec::new(),
-                exact,
-            });
+            return Ok(TopAverages::by_average(Vec::new(), exact));
         }
         let path = format!(
             "/{}/_search",
@@ -279,6 +278,7 @@ impl ElasticsearchStore {
                         sum,
                         quantity,
                         category: None,
+                        score: None,
                     }),
             );
             if best.len() > 2 * q.size {
@@ -290,18 +290,155 @@ impl ElasticsearchStore {
             }
         }
         query::rank_averages(&mut best, q.size);
-        let uuids: Vec<&str> = best.iter().map(|e| e.uuid.as_str()).collect();
+        let entries = self.with_categories(q, best).await?;
+        Ok(TopAverages::by_average(entries, exact))
+    }
+
+    /// Windowed entries with the category of their average document; an
+    /// entry whose document is gone is left out, as the embedded store's
+    /// join does.
+    async fn with_categories(
+        &self,
+        q: &TopAveragesQuery,
+        entries: Vec<AverageEntry>,
+    ) -> Result<Vec<AverageEntry>, StoreError> {
+        let uuids: Vec<&str> = entries.iter().map(|e| e.uuid.as_str()).collect();
         let categories = self
-            .categories(&averages, &q.entity, &q.action, &uuids)
+            .categories(&self.config.names.averages(), &q.entity, &q.action, &uuids)
             .await?;
-        let entries = best
+        Ok(entries
             .into_iter()
             .filter_map(|mut e| {
                 e.category = categories.get(&e.uuid)?.as_str().map(str::to_string);
                 Some(e)
             })
-            .collect();
-        Ok(TopAverages { entries, exact })
+            .collect())
+    }
+
+    /// Top averages by a confidence-adjusted rank: every average the list
+    /// considers, walked in uuid order and scored here (see "What is exact"
+    /// in [`query`]).
+    async fn read_ranked_averages(&self, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
+        let cat = match q.window {
+            None => CategoryFilter::None,
+            Some(_) => {
+                let averages = self.config.names.averages();
+                self.category_filter(&averages, &q.entity, &q.action, q.category.as_deref())
+                    .await?
+            }
+        };
+        let cat_exact = !matches!(cat, CategoryFilter::BucketCategory(_));
+        let nothing = || RankedTop::new(q.rank, None, q.size).finish(cat_exact);
+        if cat == CategoryFilter::Uuids(Vec::new()) {
+            return Ok(nothing());
+        }
+        let bayesian = matches!(q.rank, Rank::Bayesian { .. });
+        let (mut prior_mean, mut walks) = (None, 0);
+        if bayesian {
+            let mut mean = MeanOfAverages::default();
+            self.walk_averages(q, &cat, |e| {
+                mean.push(e.sum, e.quantity);
+                true
+            })
+            .await?;
+            walks += 1;
+            prior_mean = mean.mean();
+            if prior_mean.is_none() {
+                return Ok(nothing());
+            }
+        }
+        loop {
+            let mut top = RankedTop::new(q.rank, prior_mean, q.size);
+            let sums_exact = self.walk_averages(q, &cat, |e| top.push(e)).await?;
+            walks += 1;
+            let seen = top.mean_seen();
+            if bayesian && seen != prior_mean && walks < query::RANK_WALKS {
+                // Writes between the walks moved C: score again with it.
+                tracing::debug!(walks, "the mean of the averages moved; ranking again");
+                if seen.is_none() {
+                    return Ok(nothing());
+                }
+                prior_mean = seen;
+                continue;
+            }
+            let mut list = top.finish(cat_exact && sums_exact);
+            if q.window.is_some() && list.out_of_scale.is_none() {
+                list.entries = self.with_categories(q, list.entries).await?;
+            }
+            return Ok(list);
+        }
+    }
+
+    /// Every average of the list's pair (category, window) with at least
+    /// `min_quantity` samples, in uuid order, to `row` until it answers
+    /// `false`. All time: a `search_after` walk of the average documents;
+    /// a window: the `composite` pages of their buckets. Answers whether
+    /// every sum fitted a double exactly (always, all time).
+    async fn walk_averages(
+        &self,
+        q: &TopAveragesQuery,
+        cat: &CategoryFilter,
+        mut row: impl FnMut(AverageEntry) -> bool + Send,
+    ) -> Result<bool, StoreError> {
+        let Some(window) = q.window else {
+            let path = format!("/{}/_search", self.config.names.averages());
+            let mut after: Option<String> = None;
+            loop {
+                let body = query::ranked_averages_all_time_query(q, after.as_deref());
+                let answer = self.search(&path, &[], &body).await?;
+                let page =
+                    query::top_averages_from_search(&answer).map_err(StoreError::Internal)?;
+                let full = page.len() >= query::RANK_PAGE;
+                let last = page.last().map(|e| e.uuid.clone());
+                for e in page {
+                    if !row(e) {
+                        return Ok(true);
+                    }
+                }
+                match last {
+                    Some(l) if full && after.as_ref() != Some(&l) => after = Some(l),
+                    _ => return Ok(true),
+                }
+            }
+        };
+        let path = format!(
+            "/{}/_search",
+            self.config.names.window_buckets(window, true).path
+        );
+        let mut exact = true;
+        let mut after: Option<Value> = None;
+        loop {
+            let answer = self
+                .search(
+                    &path,
+                    &[],
+                    &query::top_averages_window_query(q, window, cat, after.as_ref()),
+                )
+                .await?;
+            let (buckets, next) =
+                query::composite_page(&answer, "averages").map_err(StoreError::Internal)?;
+            let (rows, rows_exact) = query::averages_page(buckets).map_err(StoreError::Internal)?;
+            exact &= rows_exact;
+            for (uuid, sum, quantity) in rows {
+                if quantity < i128::from(q.min_quantity) {
+                    continue;
+                }
+                let e = AverageEntry {
+                    uuid,
+                    sum,
+                    quantity,
+                    category: None,
+                    score: None,
+                };
+                if !row(e) {
+                    return Ok(exact);
+                }
+            }
+            match next {
+                Some(n) if after.as_ref() != Some(n) => after = Some(n.clone()),
+                _ => return Ok(exact),
+            }
+        }
     }
 
     /// The uuids of one category of a pair, read from `index` (counters or

@@ -8,8 +8,10 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::hot::Hot;
 use super::sql;
 use super::windows::{join, split_sum};
+use crate::domain::rank::{MeanOfAverages, Rank};
 use crate::domain::AverageDelta;
 use crate::domain::{Counter, CounterKey, Window};
+use crate::store::ranked::RankedTop;
 use crate::store::{
     Average, AverageEntry, Bucket, StaleQuery, StoreError, TopAverages, TopAveragesQuery, TopEntry,
     TopList, TopQuery, UnusedPair,
@@ -484,38 +486,114 @@ pub(super) fn top_averages(
     conn: &Connection,
     q: &TopAveragesQuery,
 ) -> Result<TopAverages, StoreError> {
-    let entries = match ranked_averages(conn, q, false) {
-        Err(e) if q.window.is_some() && overflowed(&e) => ranked_averages(conn, q, true),
+    if q.rank != Rank::Average {
+        return top_ranked_averages(conn, q);
+    }
+    let entries = with_halves(q, |exact| {
+        let mut entries = Vec::with_capacity(q.size);
+        ranked_averages(conn, q, exact, ByAverage(q.size), |e| {
+            entries.push(e);
+            true
+        })?;
+        Ok(entries)
+    })
+    .map_err(sql("queries::top_averages"))?;
+    Ok(TopAverages::by_average(entries, true))
+}
+
+/// Runs `f` with plain sums, then, over a window where one left i64, again
+/// in 32-bit halves.
+fn with_halves<T>(
+    q: &TopAveragesQuery,
+    mut f: impl FnMut(bool) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    match f(false) {
+        Err(e) if q.window.is_some() && overflowed(&e) => f(true),
         r => r,
     }
-    .map_err(sql("queries::top_averages"))?;
-    Ok(TopAverages {
-        entries,
-        exact: true,
-    })
 }
+
+/// A confidence-adjusted rank: every target the list considers, read in
+/// uuid order with no `LIMIT`, scored in Rust ([`RankedTop`]: a heap of
+/// `size`), exactly. A Bayesian rank reads them twice, first for `C` (the
+/// mean of their averages), then to score them; both in one read
+/// transaction, so both passes see the same snapshot.
+fn top_ranked_averages(conn: &Connection, q: &TopAveragesQuery) -> Result<TopAverages, StoreError> {
+    let op = sql("queries::top_averages");
+    let tx = conn.unchecked_transaction().map_err(op)?;
+    let prior_mean = match q.rank {
+        Rank::Bayesian { .. } => {
+            let mean = with_halves(q, |exact| {
+                let mut mean = MeanOfAverages::default();
+                ranked_averages(&tx, q, exact, ByUuid, |e| {
+                    mean.push(e.sum, e.quantity);
+                    true
+                })?;
+                Ok(mean)
+            })
+            .map_err(sql("queries::top_averages"))?;
+            match mean.mean() {
+                Some(c) => Some(c),
+                None => return Ok(RankedTop::new(q.rank, None, q.size).finish(true)),
+            }
+        }
+        _ => None,
+    };
+    let top = with_halves(q, |exact| {
+        let mut top = RankedTop::new(q.rank, prior_mean, q.size);
+        ranked_averages(&tx, q, exact, ByUuid, |e| top.push(e))?;
+        Ok(top)
+    })
+    .map_err(sql("queries::top_averages"))?;
+    Ok(top.finish(true))
+}
+
+/// The order rows are read in: the list's (by average, `LIMIT size`), or
+/// every row by uuid for a rank scored in Rust.
+#[derive(Clone, Copy)]
+enum Order {
+    ByAverage(usize),
+    ByUuid,
+}
+use Order::{ByAverage, ByUuid};
 
 /// `exact` (a window only): sums and quantities as the kept totals' pairs
 /// (`hi · 2^62 + lo`, `windows::join`), ordered by the quotient of their doubles as the plain
-/// query orders by `CAST(s AS REAL) / n`, then by quantity.
+/// query orders by `CAST(s AS REAL) / n`, then by quantity. Each row goes
+/// to `row` until it answers `false`.
 fn ranked_averages(
     conn: &Connection,
     q: &TopAveragesQuery,
     exact: bool,
-) -> rusqlite::Result<Vec<AverageEntry>> {
+    order: Order,
+    mut row: impl FnMut(AverageEntry) -> bool,
+) -> rusqlite::Result<()> {
+    let by_uuid = matches!(order, ByUuid);
     let sql = match (q.window, exact) {
-        (None, _) => "SELECT uuid, sum, quantity, category FROM averages
+        (None, _) => format!(
+            "SELECT uuid, sum, quantity, category FROM averages
              WHERE entity = ?1 AND action = ?2 AND (?3 IS NULL OR category = ?3)
                AND quantity >= ?4 AND ?5 IS NULL AND ?6 IS NULL
-             ORDER BY CAST(sum AS REAL) / quantity DESC, quantity DESC, uuid LIMIT ?7"
-            .to_string(),
-        (Some(_), false) => "SELECT a.uuid, sum(b.sum) AS s, sum(b.quantity) AS n, a.category
+             ORDER BY {} LIMIT ?7",
+            if by_uuid {
+                "uuid"
+            } else {
+                "CAST(sum AS REAL) / quantity DESC, quantity DESC, uuid"
+            }
+        ),
+        (Some(_), false) => format!(
+            "SELECT a.uuid, sum(b.sum) AS s, sum(b.quantity) AS n, a.category
              FROM average_buckets b JOIN averages a ON a.aid = b.aid
              WHERE b.day BETWEEN ?5 AND ?6 AND a.entity = ?1 AND a.action = ?2
                AND (?3 IS NULL OR a.category = ?3)
              GROUP BY b.aid HAVING n >= ?4
-             ORDER BY CAST(s AS REAL) / n DESC, n DESC, a.uuid LIMIT ?7"
-            .to_string(),
+             ORDER BY {} LIMIT ?7",
+            if by_uuid {
+                "a.uuid"
+            } else {
+                "CAST(s AS REAL) / n DESC, n DESC, a.uuid"
+            }
+        ),
         (Some(_), true) => format!(
             "SELECT a.uuid, w.shi, w.slo, w.nhi, w.nlo, a.category
              FROM (SELECT aid, {s}, {n} FROM (
@@ -527,42 +605,57 @@ fn ranked_averages(
                        GROUP BY b.aid)) w
              JOIN averages a ON a.aid = w.aid
              WHERE (w.nhi, w.nlo) >= (?4 >> 62, ?4 & 4611686018427387903)
-             ORDER BY {avg_s} / {avg_n} DESC, w.nhi DESC, w.nlo DESC, a.uuid LIMIT ?7",
+             ORDER BY {order} LIMIT ?7",
             s = split_sum("sh", "sl", "s"),
             n = split_sum("nh", "nl", "n"),
-            avg_s = real("w.shi", "w.slo"),
-            avg_n = real("w.nhi", "w.nlo"),
+            order = if by_uuid {
+                "a.uuid".to_string()
+            } else {
+                format!(
+                    "{} / {} DESC, w.nhi DESC, w.nlo DESC, a.uuid",
+                    real("w.shi", "w.slo"),
+                    real("w.nhi", "w.nlo")
+                )
+            },
         ),
     };
     let exact = exact && q.window.is_some();
+    // A negative LIMIT is none: every row, for a rank scored here.
+    let limit = match order {
+        ByAverage(size) => limit(size),
+        ByUuid => -1,
+    };
     let mut s = conn.prepare_cached(&sql)?;
-    let rows = s.query_map(
-        params![
-            q.entity,
-            q.action,
-            q.category,
-            q.min_quantity,
-            q.window.map(|w| w.from_day),
-            q.window.map(|w| w.to_day),
-            limit(q.size)
-        ],
-        |r| {
-            Ok(if exact {
-                AverageEntry {
-                    uuid: r.get(0)?,
-                    sum: join(r.get(1)?, r.get(2)?),
-                    quantity: join(r.get(3)?, r.get(4)?),
-                    category: r.get(5)?,
-                }
-            } else {
-                AverageEntry {
-                    uuid: r.get(0)?,
-                    sum: r.get::<_, i64>(1)?.into(),
-                    quantity: r.get::<_, i64>(2)?.into(),
-                    category: r.get(3)?,
-                }
-            })
-        },
-    )?;
-    rows.collect()
+    let mut rows = s.query(params![
+        q.entity,
+        q.action,
+        q.category,
+        q.min_quantity,
+        q.window.map(|w| w.from_day),
+        q.window.map(|w| w.to_day),
+        limit
+    ])?;
+    while let Some(r) = rows.next()? {
+        let entry = if exact {
+            AverageEntry {
+                uuid: r.get(0)?,
+                sum: join(r.get(1)?, r.get(2)?),
+                quantity: join(r.get(3)?, r.get(4)?),
+                category: r.get(5)?,
+                score: None,
+            }
+        } else {
+            AverageEntry {
+                uuid: r.get(0)?,
+                sum: r.get::<_, i64>(1)?.into(),
+                quantity: r.get::<_, i64>(2)?.into(),
+                category: r.get(3)?,
+                score: None,
+            }
+        };
+        if !row(entry) {
+            break;
+        }
+    }
+    Ok(())
 }
