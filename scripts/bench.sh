@@ -199,6 +199,23 @@ if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = embedded ]; then
     "$(ratio "$uniq_rep" "$plain")" "$cpu_rep" "$(ratio "$cpu_rep" "$cpu_plain")"
 fi
 
+# --- Badges (issue 25): the SVG badge and the shields.io JSON of one counter,
+# each a read of that counter drawn, against the multi-read of the same one
+# key (`GET /v1/counters?keys=`), the read a page would make instead.
+if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = embedded ]; then
+  curl -s -XPOST -H 'content-type: application/json' -d '{"count": 1234567}' \
+    "$base/v1/counters/BADGE/VIEW/b1/increment" >/dev/null
+  export CPU_PID=$gpid
+  mr_rps=$(wrk_rps badge-multiread "$base/v1/counters?keys=BADGE/VIEW/b1")
+  svg_rps=$(wrk_rps badge-svg "$base/v1/badge/BADGE/VIEW/b1.svg")
+  sh_rps=$(wrk_rps badge-shields "$base/v1/shields/BADGE/VIEW/b1")
+  unset CPU_PID
+  printf '\n%-48s %14s %10s %12s %9s\n' "badges (one counter, embedded store)" "per second" "p99" "server CPU" "/ multi"
+  printf '%-48s %14.0f %10s %12s %9s\n' "GET /v1/counters?keys= (1 key)" "$mr_rps" "$(p99 badge-multiread)" "$(cpu badge-multiread)" "1.00"
+  printf '%-48s %14.0f %10s %12s %9s\n' "GET /v1/badge/.../b1.svg" "$svg_rps" "$(p99 badge-svg)" "$(cpu badge-svg)" "$(ratio "$svg_rps" "$mr_rps")"
+  printf '%-48s %14.0f %10s %12s %9s\n' "GET /v1/shields/.../b1" "$sh_rps" "$(p99 badge-shields)" "$(cpu badge-shields)" "$(ratio "$sh_rps" "$mr_rps")"
+fi
+
 # Elasticsearch write path (SPEC §5, issue 3): a second gateway writes to
 # scripts/bench/es_sink.py, a local load sink answering _bulk as Elasticsearch
 # does (every item successful) and counting bulk requests, items and the

@@ -153,7 +153,7 @@ if [ $((SECONDS - cluster_t0)) -ge 600 ]; then
   echo "three-node cluster stage: WARNING, over its 10-minute budget"
 fi
 
-echo "== browser suite (tests/dashboard.rs in headless Chromium)"
+echo "== browser suite (tests/dashboard.rs and tests/badges.rs in headless Chromium)"
 # The dashboard rendered by a real browser: Debian's chromium, installed here
 # when missing and possible; without it the suite is reported as skipped.
 CHROMIUM="${CHROMIUM:-chromium}"
@@ -174,7 +174,7 @@ if [ -n "$browser_reason" ]; then
 else
   br_log=$(mktemp)
   br_status=0
-  CHROMIUM="$CHROMIUM" cargo test --locked --test dashboard -- --ignored 2>&1 | tee "$br_log" || br_status=$?
+  CHROMIUM="$CHROMIUM" cargo test --locked --test dashboard --test badges -- --ignored 2>&1 | tee "$br_log" || br_status=$?
   br_passed=$(count "$br_log" "passed;"); br_failed=$(count "$br_log" "failed;")
   if [ "$br_status" -ne 0 ] && [ "$br_failed" -eq 0 ]; then
     echo "browser suite FAILED to run (exit $br_status)"
@@ -183,7 +183,7 @@ else
     passed=$((passed + br_passed)); failed=$((failed + br_failed))
     ignored=$((ignored - br_passed - br_failed))
   fi
-  echo "browser suite: screenshot in target/dashboard.png"
+  echo "browser suite: screenshots in target/dashboard.png and target/badges.png"
   rm -f "$br_log"
 fi
 

@@ -34,9 +34,12 @@ fn the_matcher_agrees_with_isbot_on_every_fixture() {
     for v in verdicts {
         let ua = v["ua"].as_str().unwrap();
         let isbot = v["crawler"].as_bool().unwrap();
-        // The two mail proxies are the gateway's own exception (see
-        // `READERS` in src/api/crawlers.rs): isbot lists them.
-        let reader = ua.contains("GoogleImageProxy") || ua.contains("YahooMailProxy");
+        // The two mail proxies and GitHub's image proxy are the gateway's
+        // own exceptions (see `READERS` in src/api/crawlers.rs): isbot
+        // lists them.
+        let reader = ua.contains("GoogleImageProxy")
+            || ua.contains("YahooMailProxy")
+            || ua.contains("github-camo");
         assert_eq!(
             list.is_crawler(ua.as_bytes()),
             isbot && !reader,

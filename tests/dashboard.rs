@@ -7,14 +7,12 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
 use chrono::Duration as Days;
+use common::chromium::run_chromium;
 use common::{key_line, rfc3339, test_now, Options, TestApp};
 use serde_json::json;
+use std::collections::HashMap;
+use std::path::Path;
 
 // --- the files, over HTTP -----------------------------------------------------
 
@@ -125,59 +123,6 @@ async fn fill(app: &TestApp, key: Option<&str>) {
             assert_eq!(r.status, 200, "{}", r.text);
         }
     }
-}
-
-/// `chromium`, unless `CHROMIUM` names another binary.
-fn chromium() -> String {
-    std::env::var("CHROMIUM").unwrap_or_else(|_| "chromium".into())
-}
-
-/// The flags of every headless Chromium of these tests.
-const CHROMIUM_FLAGS: [&str; 8] = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--no-first-run",
-    "--no-default-browser-check",
-    "--disable-extensions",
-    "--disable-background-networking",
-];
-
-/// Runs headless Chromium on `url` with `extra` arguments and answers what
-/// it printed; panics, saying why, when it cannot run or takes over 90 s.
-fn run_chromium(url: &str, extra: &[&str]) -> String {
-    let profile = tempfile::tempdir().expect("profile dir");
-    let out_dir = tempfile::tempdir().expect("output dir");
-    let out_path = out_dir.path().join("stdout");
-    let out = std::fs::File::create(&out_path).expect("stdout file");
-    let mut child = Command::new(chromium())
-        .args(CHROMIUM_FLAGS)
-        .arg("--virtual-time-budget=8000")
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .args(extra)
-        .arg(url)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e} (install chromium)", chromium()));
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        match child.try_wait().expect("wait for chromium") {
-            Some(status) => {
-                assert!(status.success(), "chromium exited with {status}");
-                break;
-            }
-            None if Instant::now() > deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("chromium took over 90 s on {url}");
-            }
-            None => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-    std::fs::read_to_string(&out_path).expect("chromium output")
 }
 
 /// The DOM after the page's scripts ran, as Chromium serializes it.

@@ -126,6 +126,53 @@ impl FromRequestParts<Arc<Gateway>> for CounterReader {
     }
 }
 
+/// The tenant's app for a badge (`GET /v1/badge/...`, `/v1/shields/...`),
+/// which shows one counter by its key. Without `count=true` it is a read
+/// of that counter as the multi-read makes one ([`CounterReader`]: a
+/// `public`, `read` or `admin` key, or none on a keyless gateway), and
+/// opens no tenant. With `count=true` it counts one, then shows the count:
+/// a key that may both write and read what it shows, so an `admin` key, or
+/// a `write` key when `--write-keys-read-values` says counters may be
+/// public (else a `write` key's badge would be a read of any counter); on
+/// a keyless gateway, anyone.
+pub struct BadgeReader {
+    pub app: Arc<AppState>,
+    /// As [`CounterReader::public`]: any page may read the answer.
+    pub public: bool,
+    /// As [`CounterReader::shareable`]: a shared cache may keep it.
+    pub shareable: bool,
+}
+
+impl FromRequestParts<Arc<Gateway>> for BadgeReader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, ApiError> {
+        // Exactly what the query's `count` parses to `true` (any other
+        // value is refused by the handler's parameters, and counts nothing).
+        if query_param(parts, "count").as_deref() != Some("true") {
+            let r = CounterReader::from_request_parts(parts, gw).await?;
+            return Ok(BadgeReader {
+                app: r.app,
+                public: r.public,
+                shareable: r.shareable,
+            });
+        }
+        let (tenant, role) = authorize(parts, gw, Role::Write)?;
+        if role == Some(Role::Write) && !gw.write_keys_read_values {
+            return Err(ApiError::Forbidden(
+                "a write key counts but reads no counter, and a badge shows its counter: count=true takes an admin key, or a write key on a gateway run with --write-keys-read-values"
+                    .into(),
+            ));
+        }
+        let app = gw.tenants.writer(&tenant).await.map_err(tenant_error)?;
+        Ok(BadgeReader {
+            app,
+            public: false,
+            shareable: role != Some(Role::Admin),
+        })
+    }
+}
+
 /// For endpoints that span every tenant (`/metrics`): with keys configured,
 /// only an admin key of every tenant (`*`) may call them.
 pub struct Operator;

@@ -54,9 +54,12 @@ pub const CRAWLER: &str = "crawler";
 
 /// Fetchers isbot lists that fetch for a person: mail services that load a
 /// message's images when it is opened, through a proxy of theirs (Gmail,
-/// Yahoo Mail). Counted, or no open read in such a mail would ever count.
-/// Matched case-insensitively anywhere in the `User-Agent`.
-const READERS: [&str; 2] = ["googleimageproxy", "yahoomailproxy"];
+/// Yahoo Mail), and GitHub's image proxy, camo, which fetches a README's
+/// images for the person viewing it (again on each view of a `no-cache`
+/// image, such as a badge). Counted, or no open read in such a mail, and
+/// no view of a README's badge, would ever count. Matched
+/// case-insensitively anywhere in the `User-Agent`.
+const READERS: [&str; 3] = ["googleimageproxy", "yahoomailproxy", "github-camo"];
 
 #[derive(Deserialize)]
 struct Vendored {

@@ -130,7 +130,7 @@ pub async fn check_host(State(gw): State<Arc<Gateway>>, req: Request, next: Next
 /// any client that is not a browser (no such headers) still write. With
 /// keys the key decides.
 pub async fn check_site(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
-    if !gw.keys.is_empty() || !writes(req.method(), req.uri().path()) {
+    if !gw.keys.is_empty() || !request_writes(req.method(), req.uri()) {
         return next.run(req).await;
     }
     match foreign_page(req.headers(), &gw.allowed_hosts, &gw.cors_origins) {
@@ -139,16 +139,35 @@ pub async fn check_site(State(gw): State<Arc<Gateway>>, req: Request, next: Next
     }
 }
 
-/// Whether a request may change data: every method but `GET`, `HEAD` and
-/// `OPTIONS`, save the multi-read's `POST`; and the pixel's `GET`. Also
-/// what `/openapi.json` of a keyless gateway says may answer 403.
+/// Whether a route may change data: every method but `GET`, `HEAD` and
+/// `OPTIONS`, save the multi-read's `POST`; and the `GET` of the pixel and
+/// of the badges (with `count=true`). Also what `/openapi.json` of a
+/// keyless gateway says may answer 403.
 pub(crate) fn writes(method: &Method, path: &str) -> bool {
     match *method {
-        Method::GET => path.starts_with("/v1/pixel/"),
+        Method::GET => path.starts_with("/v1/pixel/") || is_badge(path),
         Method::HEAD | Method::OPTIONS => false,
         Method::POST => path != "/v1/counters/get",
         _ => true,
     }
+}
+
+/// A badge's path: it counts only when asked to (`count=true`).
+fn is_badge(path: &str) -> bool {
+    path.starts_with("/v1/badge/") || path.starts_with("/v1/shields/")
+}
+
+/// Whether this request changes data: [`writes`], and for a badge, only
+/// with `count=true` (decoded, as the handler reads it).
+fn request_writes(method: &Method, uri: &axum::http::Uri) -> bool {
+    if !writes(method, uri.path()) {
+        return false;
+    }
+    if *method != Method::GET || !is_badge(uri.path()) {
+        return true;
+    }
+    let query = uri.query().unwrap_or_default();
+    form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "count" && v == "true")
 }
 
 /// The header, quoted, by which the browser says the request comes from a
@@ -259,7 +278,7 @@ fn host_name(host: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{foreign_page, host_allowed, writes};
+    use super::{foreign_page, host_allowed, request_writes, writes};
     use axum::http::{HeaderMap, HeaderValue, Method};
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
@@ -344,6 +363,29 @@ mod tests {
         assert!(!writes(&Method::GET, "/v1/counters/a/b/c"));
         assert!(!writes(&Method::POST, "/v1/counters/get"));
         assert!(!writes(&Method::OPTIONS, "/v1/events"));
+        let req = |q: &str| -> axum::http::Uri { q.parse().unwrap() };
+        assert!(request_writes(&Method::GET, &req("/v1/pixel/a/b/c")));
+        assert!(request_writes(
+            &Method::GET,
+            &req("/v1/badge/a/b/c.svg?count=true")
+        ));
+        assert!(request_writes(
+            &Method::GET,
+            &req("/v1/shields/a/b/c?label=x&count=%74rue")
+        ));
+        assert!(!request_writes(&Method::GET, &req("/v1/badge/a/b/c.svg")));
+        assert!(!request_writes(
+            &Method::GET,
+            &req("/v1/badge/a/b/c.svg?count=false")
+        ));
+        assert!(!request_writes(
+            &Method::HEAD,
+            &req("/v1/badge/a/b/c.svg?count=true")
+        ));
+        assert!(request_writes(
+            &Method::POST,
+            &req("/v1/events?count=false")
+        ));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod access;
 mod averages;
+mod badges;
 mod counters;
 pub mod crawlers;
 pub mod dashboard;
@@ -119,6 +120,8 @@ pub(crate) fn table() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(days::put_one))
         .routes(routes!(days::put_many))
         .routes(routes!(pixel::get))
+        .routes(routes!(badges::svg))
+        .routes(routes!(badges::shields))
 }
 
 /// The whole HTTP API over `gw`; `serve` and the tests drive exactly this

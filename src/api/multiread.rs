@@ -250,7 +250,7 @@ impl<'a> Entry<'a> {
 /// bytes. Equal answers (same keys, same counters) have equal bytes on
 /// every instance and either store, so they share one tag, and any change
 /// of a value, category or timestamp gives another.
-fn etag(body: &[u8]) -> String {
+pub(super) fn etag(body: &[u8]) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, body);
     let hex: String = d.as_ref()[..16]
         .iter()
@@ -263,7 +263,7 @@ fn etag(body: &[u8]) -> String {
 /// answer always exists), or a list of entity tags compared weakly (`W/`
 /// ignored). Several header lines count as one list; a malformed member
 /// matches nothing.
-fn none_match(headers: &HeaderMap, tag: &str) -> bool {
+pub(super) fn none_match(headers: &HeaderMap, tag: &str) -> bool {
     headers
         .get_all(header::IF_NONE_MATCH)
         .iter()

@@ -205,6 +205,8 @@ param_schema! {
     EventId = event_id;
     /// See [`gif`].
     Gif = gif;
+    /// See [`svg`].
+    Svg = svg;
 }
 
 /// An integer that may leave 64 bits (a sum of day buckets): JSON carries
@@ -359,6 +361,14 @@ pub fn gif() -> Object {
     ObjectBuilder::new()
         .schema_type(Type::String)
         .content_media_type("image/gif")
+        .build()
+}
+
+/// A badge: an SVG document.
+pub fn svg() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .content_media_type("image/svg+xml")
         .build()
 }
 

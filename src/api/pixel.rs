@@ -12,19 +12,23 @@
 //! shape, not a GIF: an image tag shows neither, while whoever opens the
 //! URL to see why nothing counts reads the reason.
 
+use std::sync::Arc;
+
 use super::counters::Applying;
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::access::Writer;
-use super::crawlers::{self, PixelCrawler};
+use super::crawlers::{self, PixelCrawler, Sender};
 use super::extract::{PathParams, QueryParams};
 use super::model::KeyPath;
 use super::openapi::{Gif, Overflow};
+use super::AppState;
 use crate::actors::Asks;
-use crate::domain::{Increment, IncrementSpec, Interner};
+use crate::domain::{CounterKey, Increment, IncrementSpec, Interner};
 use crate::error::ApiError;
+use crate::pipeline::Applied;
 
 /// A 1x1 transparent GIF89a, the smallest image every client shows (43 bytes).
 #[rustfmt::skip]
@@ -55,19 +59,19 @@ pub const GIF: [u8; 43] = [
 pub struct PixelQuery {
     /// Stored on the counter, as an increment's `category`.
     #[param(inline, value_type = Option<crate::api::openapi::Name>)]
-    category: Option<String>,
+    pub(super) category: Option<String>,
     /// Idempotency id: every fetch of a URL with this `id` counts once, for
     /// `--idempotency-window` (a mail client's prefetch, then the open).
     #[param(inline, value_type = Option<crate::api::openapi::EventId>)]
-    id: Option<String>,
+    pub(super) id: Option<String>,
     /// Who opened it (a subscriber id, say), kept only as a keyed hash;
     /// limits per actor count it. With `unique`, counted once per actor.
     #[param(schema_with = crate::api::openapi::optional_actor)]
-    actor: Option<String>,
+    pub(super) actor: Option<String>,
     /// `ever` or `day`: count once per `actor` (an open per subscriber, a
     /// view per visitor and day), as an increment's `unique`.
     #[param(schema_with = crate::api::openapi::optional_unique)]
-    unique: Option<String>,
+    pub(super) unique: Option<String>,
 }
 
 impl PixelQuery {
@@ -108,33 +112,69 @@ pub async fn get(
     QueryParams(query): QueryParams<PixelQuery>,
 ) -> Result<Response, ApiError> {
     let spec = query.spec(&path);
-    let inc = Increment::from_event(
-        &spec,
-        &app.time_policy,
-        app.clock.now(),
-        &mut Interner::default(),
-        &app.actors.key,
-    )
-    .map_err(ApiError::BadRequest)?;
+    let inc = view(&app, &spec)?;
     // A HEAD asks what a GET would answer; it fetches no image, so it is
     // no view (link checkers and mail scanners send them).
     if method == Method::HEAD {
         return Ok(gif(StatusCode::OK, None));
     }
+    match count_view(app, sender, inc, spec.actor, None).await? {
+        Viewed::Crawler => Ok(gif(StatusCode::ACCEPTED, Some(crawlers::CRAWLER))),
+        Viewed::Counted { .. } => Ok(gif(StatusCode::OK, None)),
+    }
+}
+
+/// One view, as an image tag asks for it: the increment of one that `spec`
+/// stands for, validated (a 400 naming the parameter, nothing counted).
+/// The pixel's and the badge's (`count=true`).
+pub(super) fn view(app: &AppState, spec: &IncrementSpec) -> Result<Increment, ApiError> {
+    Increment::from_event(
+        spec,
+        &app.time_policy,
+        app.clock.now(),
+        &mut Interner::default(),
+        &app.actors.key,
+    )
+    .map_err(ApiError::BadRequest)
+}
+
+/// What became of a view [`count_view`] was given.
+pub(super) enum Viewed {
+    /// Applied (counted, or a repeat of its actor or its `id`), through the
+    /// tenant's opened app; `applied.counter` holds the counter after it
+    /// when one was asked for.
+    Counted {
+        app: Arc<AppState>,
+        applied: Applied,
+    },
+    /// A known crawler's: nothing counted (and the ignored view recorded).
+    Crawler,
+}
+
+/// Counts one view as the pixel counts it: the queue's admission (503
+/// when full), known crawlers left out (`sender`), the limits per actor of
+/// `actor` (429 `throttled`), then the write, answered once durable; with
+/// `want`, the counter after it.
+pub(super) async fn count_view(
+    app: Arc<AppState>,
+    sender: Sender,
+    inc: Increment,
+    actor: Option<&str>,
+    want: Option<CounterKey>,
+) -> Result<Viewed, ApiError> {
     app.pipeline.admit()?;
     let mut asks = Asks::default();
-    app.actors
-        .ask(&mut asks, 0, &inc.key, spec.actor, inc.delta);
+    app.actors.ask(&mut asks, 0, &inc.key, actor, inc.delta);
     let app = match super::counters::applying(app, sender, &asks).await? {
         Applying::Crawler(app) => {
             crawlers::record(&app.metrics, 1);
-            return Ok(gif(StatusCode::ACCEPTED, Some(crawlers::CRAWLER)));
+            return Ok(Viewed::Crawler);
         }
         Applying::Write(app) => app,
     };
-    let applied = app.pipeline.submit(vec![inc], None).await?;
+    let applied = app.pipeline.submit(vec![inc], want).await?;
     app.metrics.record_repeats(applied.repeats);
-    Ok(gif(StatusCode::OK, None))
+    Ok(Viewed::Counted { app, applied })
 }
 
 /// The image, never kept by a cache (each view must reach the gateway),

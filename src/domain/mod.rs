@@ -4,6 +4,7 @@
 mod actor;
 mod average;
 mod backfill;
+pub mod badge;
 mod clock;
 mod coalesce;
 mod counter;

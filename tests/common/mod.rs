@@ -5,6 +5,8 @@
 // Each test crate uses a different part of these helpers.
 #![allow(dead_code)]
 
+pub mod chromium;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
