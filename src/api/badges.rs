@@ -27,7 +27,7 @@ use super::access::BadgeReader;
 use super::crawlers::{self, PixelCrawler, Sender};
 use super::extract::{PathParams, QueryParams};
 use super::model::KeyPath;
-use super::multiread::{etag, none_match};
+use super::multiread::{etag, none_match, public_cors};
 use super::openapi::{NotFound, NotModified, Overflow};
 use super::pixel::{self, PixelQuery, Viewed};
 use crate::domain::badge::{self, Badge, Color, Style};
@@ -374,14 +374,7 @@ fn answer(
         HeaderValue::from_static("nosniff"),
     );
     if reader.public {
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_ORIGIN,
-            HeaderValue::from_static("*"),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_EXPOSE_HEADERS,
-            HeaderValue::from_static("etag"),
-        );
+        public_cors(h);
     }
     if shown.ignored {
         h.insert(

@@ -157,7 +157,7 @@ pub async fn get(
 /// Any page may read what a `public` key answers: the key is meant to be in
 /// pages, and the request carries it itself (no cookie or other ambient
 /// credential a foreign page could borrow).
-fn public_cors(h: &mut HeaderMap) {
+pub(super) fn public_cors(h: &mut HeaderMap) {
     h.insert(
         header::ACCESS_CONTROL_ALLOW_ORIGIN,
         HeaderValue::from_static("*"),
