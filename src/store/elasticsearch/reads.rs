@@ -232,7 +232,7 @@ impl ElasticsearchStore {
             return self.read_ranked_averages(q).await;
         }
         let averages = self.config.names.averages();
-        let Some(window) = q.window else {
+        if q.window.is_none() {
             let answer = self
                 .search(
                     &format!("/{averages}/_search"),
@@ -242,7 +242,7 @@ impl ElasticsearchStore {
                 .await?;
             let entries = query::top_averages_from_search(&answer).map_err(StoreError::Internal)?;
             return Ok(TopAverages::by_average(entries, true));
-        };
+        }
         let cat = self
             .category_filter(&averages, &q.entity, &q.action, q.category.as_deref())
             .await?;
@@ -250,45 +250,18 @@ impl ElasticsearchStore {
         if cat == CategoryFilter::Uuids(Vec::new()) {
             return Ok(TopAverages::by_average(Vec::new(), exact));
         }
-        let path = format!(
-            "/{}/_search",
-            self.config.names.window_buckets(window, true).path
-        );
         // Every average of the window, kept to the best `size` as pages come
         // in, so memory stays bounded by the page and the list.
         let mut best: Vec<AverageEntry> = Vec::new();
-        let mut after: Option<Value> = None;
-        loop {
-            let answer = self
-                .search(
-                    &path,
-                    &[],
-                    &query::top_averages_window_query(q, window, &cat, after.as_ref()),
-                )
-                .await?;
-            let (buckets, next) =
-                query::composite_page(&answer, "averages").map_err(StoreError::Internal)?;
-            let (rows, rows_exact) = query::averages_page(buckets).map_err(StoreError::Internal)?;
-            exact &= rows_exact;
-            best.extend(
-                rows.into_iter()
-                    .filter(|(_, _, n)| *n >= i128::from(q.min_quantity))
-                    .map(|(uuid, sum, quantity)| AverageEntry {
-                        uuid,
-                        sum,
-                        quantity,
-                        category: None,
-                        score: None,
-                    }),
-            );
-            if best.len() > 2 * q.size {
-                query::rank_averages(&mut best, q.size);
-            }
-            match next {
-                Some(n) if after.as_ref() != Some(n) => after = Some(n.clone()),
-                _ => break,
-            }
-        }
+        exact &= self
+            .walk_averages(q, &cat, |e| {
+                best.push(e);
+                if best.len() > 2 * q.size {
+                    query::rank_averages(&mut best, q.size);
+                }
+                true
+            })
+            .await?;
         query::rank_averages(&mut best, q.size);
         let entries = self.with_categories(q, best).await?;
         Ok(TopAverages::by_average(entries, exact))
