@@ -217,11 +217,15 @@ cmd_stop() {
   rm -f "$pidfile" "$pidfile.url" "$pidfile.name"
 }
 
-# a loopback port nothing listens on (nothing answers a connect)
+# a loopback port nothing listens on (nothing answers a connect), below the
+# kernel's ephemeral range: a port inside it can become some connection's
+# source port between this probe and the node's bind
 free_port() {
-  local p
+  local p low=32768
+  read -r low _ < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  (( low > 11000 )) || low=32768
   while :; do
-    p=$((20000 + RANDOM % 30000))
+    p=$((10000 + RANDOM % (low - 10000)))
     (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
   done
 }
@@ -239,10 +243,31 @@ start_cluster() {
     OPENSEARCH_PORT="${http[i]}" OPENSEARCH_TRANSPORT_PORT="${transport[i]}" OPENSEARCH_NODE_NAME="node-$i" \
       OPENSEARCH_SEED_HOSTS="$seeds" OPENSEARCH_INITIAL_MANAGERS="$managers" \
       OPENSEARCH_JAVA_OPTS="${OPENSEARCH_JAVA_OPTS:--Xms512m -Xmx512m}" \
-      cmd_start --pidfile "$base.$i" --parent-pid $$ > "$base.$i.start" &
+      cmd_start --pidfile "$base.$i" --parent-pid $$ > "$base.$i.start" 2> "$base.$i.err" &
     pids[i]=$!
   done
   for ((i = 1; i <= n; i++)); do wait "${pids[i]}" || rc=$?; done
+  return "$rc"
+}
+
+# start_cluster, again on fresh ports (at most 3 tries) when a node could not
+# bind the port it was given; any other failure is reported at once
+start_cluster_retrying() {
+  local n="$1" base="$2" try rc i
+  for try in 1 2 3; do
+    rc=0
+    start_cluster "$n" "$base" || rc=$?
+    for ((i = 1; i <= n; i++)); do cat "$base.$i.err" >&2 2>/dev/null || true; done
+    (( rc == 0 )) && break
+    cat "$base".*.err 2>/dev/null | grep -q 'BindException' || break
+    (( try < 3 )) || break
+    echo "opensearch: a node could not bind its port; starting the cluster again on other ports" >&2
+    for ((i = 1; i <= n; i++)); do
+      [[ -f "$base.$i" ]] && cmd_stop --pidfile "$base.$i"
+      rm -f "$base.$i.start"
+    done
+  done
+  rm -f "$base".*.err
   return "$rc"
 }
 
@@ -255,7 +280,7 @@ cmd_run_cluster() {
   trap 'on_signal 130 INT' INT
   trap 'on_signal 143 TERM' TERM
   local rc=0 i urls=""
-  start_cluster "$n" "$RUN_PIDFILE" || rc=$?
+  start_cluster_retrying "$n" "$RUN_PIDFILE" || rc=$?
   for ((i = 1; i <= n; i++)); do
     cat "$RUN_PIDFILE.$i.start" >&2 2>/dev/null || true
     urls+="${urls:+,}$(sed -n 's/^OPENSEARCH_URL=//p' "$RUN_PIDFILE.$i.start" 2>/dev/null)"
