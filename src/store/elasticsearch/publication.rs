@@ -1,0 +1,351 @@
+//! Targets' publication times (one document per target in
+//! `<prefix>_<tenant>_targets`) and the top lists of totals over the first
+//! N days from publication.
+//!
+//! A first-days list is exact, and bounded in memory: the pair's counter
+//! documents are walked in uuid order a page at a time (a sorted search
+//! with `search_after`); per page, one `_mget` of the pages' targets and a
+//! sorted search of their bucket documents inside the page's days; each
+//! counter's sum over its own days goes into the best `size` kept so far.
+//! No aggregation can do this in one request: each counter has its own
+//! window, from a publication day that lives in another document. The cost
+//! is three requests per 1,000 counters of the pair.
+
+use std::collections::HashMap;
+
+use elasticsearch::http::Method;
+use serde_json::{json, Value};
+
+use super::client::status_error;
+use super::transfer::hits;
+use super::{request, response, ElasticsearchStore};
+use crate::domain::milestone::publication_day;
+use crate::domain::CounterKey;
+use crate::store::{FirstDaysEntry, FirstDaysList, FirstDaysQuery, PublishedSet, StoreError};
+
+/// Counters per page of the walk (and ids per `_mget` and bucket search).
+const COUNTER_PAGE: usize = 1000;
+/// Bucket documents per search page.
+const BUCKET_PAGE: usize = 10_000;
+
+/// The document id of a target: the counter id of an empty action, which
+/// no counter has (names are never empty), injective like counter ids.
+pub fn target_id(entity: &str, uuid: &str) -> String {
+    CounterKey {
+        entity: entity.into(),
+        action: "".into(),
+        uuid: uuid.into(),
+    }
+    .doc_id()
+}
+
+fn int(v: Option<&Value>) -> Option<i64> {
+    let v = v?;
+    v.as_i64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+}
+
+impl ElasticsearchStore {
+    /// One index, create or delete per target, in order, the last of a
+    /// target winning; each is durable when answered (its translog is
+    /// synced).
+    pub(super) async fn set_published_es(&self, sets: Vec<PublishedSet>) -> Result<(), StoreError> {
+        let index = self.config.names.targets();
+        for s in sets {
+            let id = target_id(&s.entity, &s.uuid);
+            // `_create` sets only a target without one: a 409 says it has.
+            let op = if s.replace { "_doc" } else { "_create" };
+            let path = format!("/{index}/{op}/{}", request::encode_path_segment(&id));
+            let routing = [("routing", id.as_str())];
+            match s.at_ms {
+                None if !s.replace => {}
+                Some(ms) => {
+                    let body = serde_json::to_vec(
+                        &json!({"entity": s.entity, "uuid": s.uuid, "published": ms}),
+                    )
+                    .map_err(|e| StoreError::Internal(e.to_string()))?;
+                    let (mut status, mut answer) = self
+                        .call(Method::Put, &path, &routing, Some(body.clone()))
+                        .await?;
+                    // Where automatic index creation is off, the index is
+                    // created from its template, then written again.
+                    if status == 404
+                        && response::error_type(&answer) == Some("index_not_found_exception")
+                    {
+                        self.create_index(&index)
+                            .await
+                            .map_err(StoreError::Unavailable)?;
+                        (status, answer) =
+                            self.call(Method::Put, &path, &routing, Some(body)).await?;
+                    }
+                    let kept = status == 409 && !s.replace;
+                    if !(200..300).contains(&status) && !kept {
+                        return Err(status_error(
+                            status,
+                            format!(
+                                "setting the publication time of {}/{} answered {status} {}",
+                                s.entity,
+                                s.uuid,
+                                response::describe_error(answer.get("error"))
+                            ),
+                        ));
+                    }
+                }
+                None => {
+                    let (status, answer) = self.call(Method::Delete, &path, &routing, None).await?;
+                    // 404: no such document, or no index yet: nothing set.
+                    if !(200..300).contains(&status) && status != 404 {
+                        return Err(status_error(
+                            status,
+                            format!(
+                                "clearing the publication time of {}/{} answered {status} {}",
+                                s.entity,
+                                s.uuid,
+                                response::describe_error(answer.get("error"))
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A realtime GET: sees every acknowledged set.
+    pub(super) async fn published_es(
+        &self,
+        entity: &str,
+        uuid: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        let id = target_id(entity, uuid);
+        let path = format!(
+            "/{}/_doc/{}",
+            self.config.names.targets(),
+            request::encode_path_segment(&id)
+        );
+        let (status, body) = self
+            .call(Method::Get, &path, &[("routing", id.as_str())], None)
+            .await?;
+        match status {
+            200 if body.get("found") == Some(&Value::Bool(true)) => {
+                int(body.pointer("/_source/published"))
+                    .map(Some)
+                    .ok_or_else(|| {
+                        StoreError::Internal("a target document has no published time".into())
+                    })
+            }
+            404 => Ok(None),
+            _ => Err(status_error(
+                status,
+                format!(
+                    "reading the publication time of {entity}/{uuid} answered {status} {}",
+                    response::describe_error(body.get("error"))
+                ),
+            )),
+        }
+    }
+
+    /// The publication times set among `ids` (target ids), by id.
+    async fn published_many(&self, ids: &[String]) -> Result<HashMap<String, i64>, StoreError> {
+        let mut out = HashMap::new();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let path = format!("/{}/_mget", self.config.names.targets());
+        let answer = self.post_json(&path, &[], &json!({"ids": ids})).await?;
+        for doc in answer
+            .get("docs")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if doc.get("found") != Some(&Value::Bool(true)) {
+                // Not found, or an error per document: no index yet.
+                if let Some(e) = doc.get("error") {
+                    if e.get("type").and_then(Value::as_str) != Some("index_not_found_exception") {
+                        return Err(StoreError::Internal(format!(
+                            "reading publication times: {}",
+                            response::describe_error(Some(e))
+                        )));
+                    }
+                }
+                continue;
+            }
+            if let (Some(id), Some(ms)) = (
+                doc.get("_id").and_then(Value::as_str),
+                int(doc.pointer("/_source/published")),
+            ) {
+                out.insert(id.to_string(), ms);
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn top_first_days_es(
+        &self,
+        q: &FirstDaysQuery,
+    ) -> Result<FirstDaysList, StoreError> {
+        let names = &self.config.names;
+        let mut filter = vec![
+            json!({"term": {"entity": q.entity}}),
+            json!({"term": {"action": q.action}}),
+        ];
+        if let Some(c) = &q.category {
+            filter.push(json!({"term": {"category": c}}));
+        }
+        let mut best: Vec<FirstDaysEntry> = Vec::new();
+        let mut after: Option<Value> = None;
+        loop {
+            let mut body = json!({
+                "size": COUNTER_PAGE,
+                "track_total_hits": false,
+                "query": {"bool": {"filter": filter}},
+                "sort": [{"uuid": "asc"}],
+                "_source": {"includes": ["entity", "action", "uuid", "value", "category",
+                    "first_timestamp", "recorded_timestamp"]},
+            });
+            if let Some(a) = after.take() {
+                body["search_after"] = a;
+            }
+            let answer = self
+                .search(&format!("/{}/_search", names.counters()), &[], &body)
+                .await?;
+            let page = hits(&answer)?;
+            let counters: Vec<_> = page
+                .iter()
+                .map(|h| {
+                    h.get("_source")
+                        .and_then(response::counter_from_source)
+                        .ok_or_else(|| {
+                            StoreError::Internal("a counter document lacks required fields".into())
+                        })
+                })
+                .collect::<Result<_, _>>()?;
+            let targets: Vec<String> = counters
+                .iter()
+                .map(|c| target_id(&c.key.entity, &c.key.uuid))
+                .collect();
+            let set = self.published_many(&targets).await?;
+            // Per counter id: its row, publication (ms, set?), days.
+            let mut rows: HashMap<String, (FirstDaysEntry, i64, i64)> = HashMap::new();
+            for (c, t) in counters.into_iter().zip(&targets) {
+                let (published_ms, published_set) = match set.get(t) {
+                    Some(ms) => (*ms, true),
+                    None => (c.first_ms, false),
+                };
+                let day = publication_day(published_ms);
+                let (from, to) = (day.max(q.oldest_day), day + i64::from(q.days) - 1);
+                if from > to {
+                    continue;
+                }
+                rows.insert(
+                    c.key.doc_id(),
+                    (
+                        FirstDaysEntry {
+                            uuid: c.key.uuid.to_string(),
+                            value: 0,
+                            category: c.category,
+                            published_ms,
+                            published_set,
+                        },
+                        from,
+                        to,
+                    ),
+                );
+            }
+            let mut seen: HashMap<String, i128> = HashMap::new();
+            self.sum_first_days(&rows, &mut seen).await?;
+            for (id, sum) in seen {
+                if let Some((mut e, _, _)) = rows.remove(&id) {
+                    e.value = sum;
+                    best.push(e);
+                }
+            }
+            if best.len() > 2 * q.size {
+                keep_best(&mut best, q.size);
+            }
+            if page.len() < COUNTER_PAGE {
+                break;
+            }
+            after = page.last().and_then(|h| h.get("sort")).cloned();
+            if after.is_none() {
+                break;
+            }
+        }
+        keep_best(&mut best, q.size);
+        Ok(FirstDaysList {
+            entries: best,
+            exact: true,
+        })
+    }
+
+    /// Sums the bucket documents of `rows` (counter id -> window) inside
+    /// each counter's own window into `sums`; a counter with no bucket
+    /// there gets no entry.
+    async fn sum_first_days(
+        &self,
+        rows: &HashMap<String, (FirstDaysEntry, i64, i64)>,
+        sums: &mut HashMap<String, i128>,
+    ) -> Result<(), StoreError> {
+        let (Some(from), Some(to)) = (
+            rows.values().map(|r| r.1).min(),
+            rows.values().map(|r| r.2).max(),
+        ) else {
+            return Ok(());
+        };
+        let ids: Vec<&String> = rows.keys().collect();
+        let path = format!("/{}/_search", self.config.names.buckets_pattern());
+        let mut after: Option<Value> = None;
+        loop {
+            let mut body = json!({
+                "size": BUCKET_PAGE,
+                "track_total_hits": false,
+                "query": {"bool": {"filter": [
+                    {"terms": {"counter_id": ids}},
+                    {"range": {"day": {"gte": from * 86_400_000, "lte": to * 86_400_000}}}
+                ]}},
+                "sort": [{"counter_id": "asc"}, {"day": "asc"}],
+                "_source": {"includes": ["value"]},
+            });
+            if let Some(a) = after.take() {
+                body["search_after"] = a;
+            }
+            let answer = self.search(&path, &[], &body).await?;
+            let page = hits(&answer)?;
+            for h in page {
+                let sort = h.get("sort").and_then(Value::as_array);
+                let id = sort.and_then(|s| s.first()).and_then(Value::as_str);
+                let ms = sort.and_then(|s| s.get(1)).and_then(Value::as_i64);
+                let (Some(id), Some(ms)) = (id, ms) else {
+                    return Err(StoreError::Internal(
+                        "a bucket hit lacks its sort values".into(),
+                    ));
+                };
+                let day = ms.div_euclid(86_400_000);
+                if let Some((_, from, to)) = rows.get(id) {
+                    if (*from..=*to).contains(&day) {
+                        let v = int(h.pointer("/_source/value")).unwrap_or(0);
+                        *sums.entry(id.to_string()).or_default() += i128::from(v);
+                    }
+                }
+            }
+            if page.len() < BUCKET_PAGE {
+                return Ok(());
+            }
+            after = page.last().and_then(|h| h.get("sort")).cloned();
+            if after.is_none() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The best `size` by value descending, then uuid ascending (bytewise).
+fn keep_best(entries: &mut Vec<FirstDaysEntry>, size: usize) {
+    entries.sort_by(|a, b| {
+        b.value
+            .cmp(&a.value)
+            .then_with(|| a.uuid.as_bytes().cmp(b.uuid.as_bytes()))
+    });
+    entries.truncate(size);
+}
