@@ -176,7 +176,12 @@ async fn a_crawlers_events_keep_no_publication() {
                 ),
         )
         .await;
-    assert_eq!((r.status, &r.json["ignored"]), (202, &json!(1)), "{}", r.text);
+    assert_eq!(
+        (r.status, &r.json["ignored"]),
+        (202, &json!(1)),
+        "{}",
+        r.text
+    );
     assert_eq!(published(&app, None, None).await, Value::Null);
 }
 

@@ -8,11 +8,14 @@
 //! older build, so it needs no schema version of its own.
 //!
 //! A first-days list sums, per counter of the pair, its buckets from its
-//! publication day on: one walk of the pair's counters (`counters_top`
-//! starts with entity, action) and one range seek into `buckets_by_counter`
-//! per counter. Its cost grows with the pair's counters (see
-//! `scripts/bench/README.md` for the figure): unlike the named windows, the
-//! windows differ per counter, so no kept total serves every N.
+//! publication day on: one walk of the pair's counters in uuid order, one
+//! key lookup in `targets` and one range seek into `buckets_by_counter` per
+//! counter. Exact, bounded in memory (a top-`size` sorter), but its time
+//! grows with the pair's counters: seconds at a million (see
+//! `scripts/bench/README.md`). Unlike the named windows, each counter has
+//! its own window, so no one kept total serves every N; kept totals per
+//! counter for a few tracked N, maintained like `windows`, are what would
+//! make the list an index walk.
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -93,41 +96,29 @@ fn top_summed(
     q: &FirstDaysQuery,
     exact: bool,
 ) -> rusqlite::Result<Vec<FirstDaysEntry>> {
-    // Publication day: floored division of a time after 2008 (set) or of a
-    // first touch inside the retention; both positive, so `/` floors.
-    let sums = if exact {
-        format!(
-            "SELECT cid, {} FROM (
-                 SELECT p.cid, sum(b.value >> 32) AS h, sum(b.value & 4294967295) AS l
-                 FROM pubs p JOIN buckets b INDEXED BY buckets_by_counter
-                   ON b.cid = p.cid AND b.day BETWEEN max(p.day, ?5) AND p.day + ?4 - 1
-                 GROUP BY p.cid)",
-            split_sum("h", "l", "")
-        )
+    // One pass over the pair's counters in uuid order (the unique index
+    // starts with entity, action, uuid, so the groups stream without a
+    // sort); only the best `size` groups are sorted. The publication day
+    // floors a positive time (after 2008 when set, inside the retention
+    // for a first touch), so `/` floors.
+    const PUB: &str = "coalesce(t.published_ms, c.first_ts)";
+    let total = if exact {
+        split_sum("sum(b.value >> 32)", "sum(b.value & 4294967295)", "")
     } else {
-        "SELECT p.cid, sum(b.value) AS total
-         FROM pubs p JOIN buckets b INDEXED BY buckets_by_counter
-           ON b.cid = p.cid AND b.day BETWEEN max(p.day, ?5) AND p.day + ?4 - 1
-         GROUP BY p.cid"
-            .to_string()
+        "sum(b.value) AS total".to_string()
     };
     let order = if exact {
-        "s.hi DESC, s.lo DESC"
+        "hi DESC, lo DESC"
     } else {
-        "s.total DESC"
+        "total DESC"
     };
     let sql = format!(
-        "WITH pubs AS (
-             SELECT c.cid, c.uuid, c.category, t.published_ms AS set_ms,
-                    coalesce(t.published_ms, c.first_ts) AS pub,
-                    coalesce(t.published_ms, c.first_ts) / 86400000 AS day
-             FROM counters c LEFT JOIN targets t ON t.entity = c.entity AND t.uuid = c.uuid
-             WHERE c.entity = ?1 AND c.action = ?2 AND (?3 IS NULL OR c.category = ?3)),
-         sums AS ({sums})
-         SELECT p.uuid, p.category, p.pub, p.set_ms IS NOT NULL, {cols}
-         FROM sums s JOIN pubs p ON p.cid = s.cid
-         ORDER BY {order}, p.uuid LIMIT ?6",
-        cols = if exact { "s.hi, s.lo" } else { "s.total" },
+        "SELECT c.uuid, c.category, {PUB}, t.published_ms IS NOT NULL, {total}
+         FROM counters c LEFT JOIN targets t ON t.entity = c.entity AND t.uuid = c.uuid
+         JOIN buckets b INDEXED BY buckets_by_counter ON b.cid = c.cid
+           AND b.day BETWEEN max({PUB} / 86400000, ?5) AND {PUB} / 86400000 + ?4 - 1
+         WHERE c.entity = ?1 AND c.action = ?2 AND (?3 IS NULL OR c.category = ?3)
+         GROUP BY c.uuid ORDER BY {order}, c.uuid LIMIT ?6"
     );
     let mut s = conn.prepare_cached(&sql)?;
     let rows = s.query_map(
