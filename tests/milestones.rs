@@ -217,8 +217,7 @@ async fn milestone_sums_past_i64_are_exact() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert!(
-        r.text.contains(&format!(r#""days":2,"from""#))
-            && r.text.contains(&format!(r#""total":{want}"#)),
+        r.text.contains(r#""days":2,"from""#) && r.text.contains(&format!(r#""total":{want}"#)),
         "{}",
         r.text
     );

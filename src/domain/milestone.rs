@@ -278,8 +278,8 @@ mod tests {
             m.iter().map(|m| m.total).collect::<Vec<_>>(),
             [1, 111, 10_111]
         );
-        assert_eq!(m[0].complete, true);
-        assert_eq!(m[1].complete, false, "its last day, 102, is today");
+        assert!(m[0].complete);
+        assert!(!m[1].complete, "its last day, 102, is today");
         assert_eq!(m[1].completes_ms, 103 * DAY_MS);
         assert!(complete(100, 3, 103));
         assert_eq!(
