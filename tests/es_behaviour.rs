@@ -748,6 +748,57 @@ fn update_get(src: &Map<String, Value>, payload: &Value, call: usize, found: boo
     }
 }
 
+/// A `_bulk` of whole documents (`index`, `create`, `delete`: what
+/// publication times are written with), answered item by item as a real
+/// node does: a create of an existing document is a 409, a delete of a
+/// missing one a 404 `not_found`, a write to a missing index with automatic
+/// creation off a 404 `index_not_found_exception`.
+fn doc_bulk(st: &mut State, lines: &[Value]) -> Value {
+    let mut items = Vec::new();
+    let mut errors = false;
+    let mut i = 0;
+    while i < lines.len() {
+        let (op, meta) = lines[i].as_object().unwrap().iter().next().unwrap();
+        let op = op.clone();
+        let index = meta["_index"].as_str().unwrap().to_string();
+        let id = meta["_id"].as_str().unwrap().to_string();
+        let doc = (op != "delete").then(|| lines[i + 1].clone());
+        i += if doc.is_some() { 2 } else { 1 };
+        let key = (index.clone(), id.clone());
+        let head = json!({"_index": index, "_id": id});
+        let mut item = head.clone();
+        if st.no_auto_create && !st.indices.contains(&index) && op != "delete" {
+            errors = true;
+            item["status"] = json!(404);
+            item["error"] = json!({"type": "index_not_found_exception",
+                "reason": format!("no such index [{index}] and [action.auto_create_index] is [false]"),
+                "index_uuid": "_na_", "index": index});
+        } else if op == "delete" {
+            let found = st.docs.remove(&key).is_some();
+            item["result"] = json!(if found { "deleted" } else { "not_found" });
+            item["status"] = json!(if found { 200 } else { 404 });
+            errors |= !found;
+        } else if op == "create" && st.docs.contains_key(&key) {
+            errors = true;
+            item["status"] = json!(409);
+            item["error"] = json!({"type": "version_conflict_engine_exception",
+                "reason": format!("[{id}]: version conflict, document already exists (current version [1])"),
+                "index": index});
+        } else {
+            assert!(op == "index" || op == "create", "bulk op {op}");
+            let existed = st.docs.contains_key(&key);
+            st.bump(&key);
+            st.docs
+                .insert(key, doc.unwrap().as_object().unwrap().clone());
+            st.indices.insert(index.clone());
+            item["result"] = json!(if existed { "updated" } else { "created" });
+            item["status"] = json!(if existed { 200 } else { 201 });
+        }
+        items.push(json!({ op: item }));
+    }
+    json!({"took": 1, "errors": errors, "items": items})
+}
+
 fn decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::new();
@@ -792,6 +843,9 @@ impl Fake {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
+        if lines.first().is_some_and(|l| l.get("update").is_none()) {
+            return es(200, doc_bulk(&mut st, &lines));
+        }
         let ids: Vec<String> = lines
             .chunks(2)
             .map(|c| c[0]["update"]["_id"].as_str().unwrap().to_string())
@@ -2988,4 +3042,50 @@ async fn view_marks_live_in_monthly_indices_created_ahead() {
         (&json!(1), &json!(true)),
         "{b}"
     );
+}
+
+/// Publication times on a cluster without automatic index creation: the
+/// first set creates the targets index (from its template) and is sent
+/// again; an event's set keeps what an admin set (a create's 409); a clear
+/// of a target without one is done.
+#[tokio::test]
+async fn publication_times_create_their_index_and_events_keep_what_is_set() {
+    let fake = Fake::default();
+    fake.0.lock().unwrap().no_auto_create = true;
+    fake.0.lock().unwrap().indices.insert(COUNTERS.into());
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let at = |days: i64| {
+        (now() - chrono::Duration::days(days)).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    let (s, body) = call(
+        &router,
+        "PUT",
+        "/v1/targets/ARTICLE/a1",
+        Some(json!({"published": at(3)})),
+    )
+    .await;
+    assert_eq!((s, &body["published"]), (200, &json!(at(3))), "{body}");
+    assert!(index_puts(&fake).contains(&"counter-gateway_default_targets".to_string()));
+    let (s, body) = call(
+        &router,
+        "POST",
+        "/v1/events",
+        Some(json!({"events": [{"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "published": at(1)},
+                               {"entity": "ARTICLE", "action": "VIEW", "uuid": "a2", "published": at(2)}]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let (_, body) = call(&router, "GET", "/v1/targets/ARTICLE/a1", None).await;
+    assert_eq!(body["published"], json!(at(3)), "{body}");
+    let (_, body) = call(&router, "GET", "/v1/targets/ARTICLE/a2", None).await;
+    assert_eq!(body["published"], json!(at(2)), "{body}");
+    let (s, body) = call(
+        &router,
+        "PUT",
+        "/v1/targets/ARTICLE/none",
+        Some(json!({"published": null})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
 }

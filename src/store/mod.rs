@@ -325,8 +325,9 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Publication times (see `crate::domain::milestone`): sets or clears
-    /// each target's, in order (a target named twice keeps the last),
-    /// durably when it returns. Setting the same again changes nothing.
+    /// each target's, in order (see [`PublishedSet::replace`]: an event's
+    /// set keeps what is there), durably when it returns. Setting the same
+    /// again changes nothing.
     async fn set_published(&self, sets: Vec<PublishedSet>) -> Result<(), StoreError>;
     /// The publication time set for a target, in ms; `None` when none is
     /// (the first touch of each of its counters stands in).

@@ -46,64 +46,78 @@ fn int(v: Option<&Value>) -> Option<i64> {
 }
 
 impl ElasticsearchStore {
-    /// One index, create or delete per target, in order, the last of a
-    /// target winning; each is durable when answered (its translog is
-    /// synced).
+    /// One `_bulk` per 1,000 sets: an index (an admin's replace), a
+    /// create (an event's set-if-absent: a 409 means one is kept) or a
+    /// delete per target, in order (the items of one target share its
+    /// routing, so its shard applies them in order). Every item is durable
+    /// when answered (its translog is synced); sending the same again
+    /// leaves the same state, so a failed request is simply retried.
     pub(super) async fn set_published_es(&self, sets: Vec<PublishedSet>) -> Result<(), StoreError> {
         let index = self.config.names.targets();
-        for s in sets {
-            let id = target_id(&s.entity, &s.uuid);
-            // `_create` sets only a target without one: a 409 says it has.
-            let op = if s.replace { "_doc" } else { "_create" };
-            let path = format!("/{index}/{op}/{}", request::encode_path_segment(&id));
-            let routing = [("routing", id.as_str())];
-            match s.at_ms {
-                None if !s.replace => {}
-                Some(ms) => {
-                    let body = serde_json::to_vec(
-                        &json!({"entity": s.entity, "uuid": s.uuid, "published": ms}),
+        let timeout = self.config.bulk_timeout_param();
+        for chunk in sets.chunks(COUNTER_PAGE) {
+            let mut body = Vec::with_capacity(chunk.len() * 160);
+            for s in chunk {
+                let id = target_id(&s.entity, &s.uuid);
+                let meta = json!({"_index": index, "_id": id, "routing": id});
+                let (op, doc) = match (s.at_ms, s.replace) {
+                    (Some(ms), replace) => (
+                        if replace { "index" } else { "create" },
+                        Some(json!({"entity": s.entity, "uuid": s.uuid, "published": ms})),
+                    ),
+                    (None, _) => ("delete", None),
+                };
+                // Serializing a Value cannot fail.
+                let _ = serde_json::to_writer(&mut body, &json!({ op: meta }));
+                body.push(b'\n');
+                if let Some(d) = doc {
+                    let _ = serde_json::to_writer(&mut body, &d);
+                    body.push(b'\n');
+                }
+            }
+            let mut created = false;
+            loop {
+                let (status, answer) = self
+                    .raw_call(
+                        Method::Post,
+                        "/_bulk",
+                        &[("timeout", &timeout)],
+                        Some(body.clone()),
+                        Some("application/x-ndjson"),
                     )
-                    .map_err(|e| StoreError::Internal(e.to_string()))?;
-                    let (mut status, mut answer) = self
-                        .call(Method::Put, &path, &routing, Some(body.clone()))
-                        .await?;
+                    .await
+                    .map_err(|e| {
+                        StoreError::Unavailable(format!("elasticsearch: {}", e.message))
+                    })?;
+                if status != 200 {
+                    return Err(status_error(
+                        status,
+                        format!(
+                            "setting publication times answered {status} {}",
+                            response::describe_error(answer.get("error"))
+                        ),
+                    ));
+                }
+                match bulk_outcome(&answer, chunk) {
+                    Ok(()) => break,
                     // Where automatic index creation is off, the index is
-                    // created from its template, then written again.
-                    if status == 404
-                        && response::error_type(&answer) == Some("index_not_found_exception")
-                    {
+                    // created from its template, and the chunk sent again.
+                    Err(Failure::NoIndex) if !created => {
                         self.create_index(&index)
                             .await
                             .map_err(StoreError::Unavailable)?;
-                        (status, answer) =
-                            self.call(Method::Put, &path, &routing, Some(body)).await?;
+                        created = true;
                     }
-                    let kept = status == 409 && !s.replace;
-                    if !(200..300).contains(&status) && !kept {
+                    Err(Failure::NoIndex) => {
+                        return Err(StoreError::Unavailable(format!(
+                            "setting publication times: index {index} is missing after its creation"
+                        )))
+                    }
+                    Err(Failure::Item(status, why)) => {
                         return Err(status_error(
                             status,
-                            format!(
-                                "setting the publication time of {}/{} answered {status} {}",
-                                s.entity,
-                                s.uuid,
-                                response::describe_error(answer.get("error"))
-                            ),
-                        ));
-                    }
-                }
-                None => {
-                    let (status, answer) = self.call(Method::Delete, &path, &routing, None).await?;
-                    // 404: no such document, or no index yet: nothing set.
-                    if !(200..300).contains(&status) && status != 404 {
-                        return Err(status_error(
-                            status,
-                            format!(
-                                "clearing the publication time of {}/{} answered {status} {}",
-                                s.entity,
-                                s.uuid,
-                                response::describe_error(answer.get("error"))
-                            ),
-                        ));
+                            format!("setting publication times: an item answered {status} {why}"),
+                        ))
                     }
                 }
             }
@@ -338,6 +352,49 @@ impl ElasticsearchStore {
             }
         }
     }
+}
+
+/// Why a bulk of publication sets is not done.
+enum Failure {
+    /// The targets index does not exist (automatic creation is off).
+    NoIndex,
+    /// An item failed: its status and the engine's reason.
+    Item(u16, String),
+}
+
+/// Reads a publication bulk's items in request order: 2xx is done, so is a
+/// create's 409 (one is kept: an event does not replace it) and a delete's
+/// 404 (nothing was set).
+fn bulk_outcome(answer: &Value, sets: &[PublishedSet]) -> Result<(), Failure> {
+    let items = answer
+        .get("items")
+        .and_then(Value::as_array)
+        .ok_or_else(|| Failure::Item(200, "the bulk answer has no items".into()))?;
+    if items.len() != sets.len() {
+        return Err(Failure::Item(
+            200,
+            format!("{} items answered for {} sent", items.len(), sets.len()),
+        ));
+    }
+    for (item, set) in items.iter().zip(sets) {
+        let Some((_, result)) = item.as_object().and_then(|o| o.iter().next()) else {
+            return Err(Failure::Item(
+                200,
+                format!("an item without a result: {item}"),
+            ));
+        };
+        let status = result.get("status").and_then(Value::as_u64).unwrap_or(0) as u16;
+        let error = result.get("error");
+        let kind = error.and_then(|e| e.get("type")).and_then(Value::as_str);
+        match status {
+            200..=299 => {}
+            409 if set.at_ms.is_some() && !set.replace => {}
+            404 if kind == Some("index_not_found_exception") => return Err(Failure::NoIndex),
+            404 if set.at_ms.is_none() => {}
+            _ => return Err(Failure::Item(status, response::describe_error(error))),
+        }
+    }
+    Ok(())
 }
 
 /// The best `size` by value descending, then uuid ascending (bytewise).
