@@ -38,9 +38,16 @@ impl TargetPath {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct TargetBody {
-    /// RFC 3339; `null` clears it (the first touch stands in).
-    #[schema(schema_with = crate::api::openapi::optional_timestamp)]
-    published: Option<String>,
+    /// RFC 3339; `null` clears it (the first touch stands in). Required:
+    /// an empty object clears nothing by accident.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(schema_with = crate::api::openapi::optional_timestamp, required = true)]
+    published: Option<Option<String>>,
+}
+
+/// A field that is there, `null` or not: `Some`; absent: `None`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -79,7 +86,12 @@ pub async fn put_target(
         ));
     }
     let parsed: TargetBody = parse_json(&body)?;
-    let (at_ms, implausible) = match parsed.published.as_deref() {
+    let Some(published) = parsed.published else {
+        return Err(ApiError::BadRequest(
+            "published is required: an RFC 3339 time, or null to clear it".into(),
+        ));
+    };
+    let (at_ms, implausible) = match published.as_deref() {
         None => (None, None),
         Some(raw) => {
             match parse_published("published", raw, app.clock.now(), app.time_policy.max_skew)
