@@ -3088,4 +3088,9 @@ async fn publication_times_create_their_index_and_events_keep_what_is_set() {
     )
     .await;
     assert_eq!(s, 200, "{body}");
+    // A shard still recovering answers a read 503: asked again.
+    fake.0.lock().unwrap().get_faults = 2;
+    let (s, body) = call(&router, "GET", "/v1/targets/ARTICLE/a1", None).await;
+    assert_eq!((s, &body["published"]), (200, &json!(at(3))), "{body}");
+    assert_eq!(fake.0.lock().unwrap().get_faults, 0);
 }

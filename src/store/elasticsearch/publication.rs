@@ -137,9 +137,23 @@ impl ElasticsearchStore {
             self.config.names.targets(),
             request::encode_path_segment(&id)
         );
-        let (status, body) = self
-            .call(Method::Get, &path, &[("routing", id.as_str())], None)
-            .await?;
+        // A read changes nothing, so a 429 or 503 (a shard still
+        // recovering) is asked again within the back-off budget, as a
+        // counter's read is.
+        let (mut attempt, mut waited) = (0, std::time::Duration::ZERO);
+        let (status, body) = loop {
+            let (status, body) = self
+                .call(Method::Get, &path, &[("routing", id.as_str())], None)
+                .await?;
+            let delay = self.config.backoff.delay(attempt, &self.jitter);
+            if (status == 429 || status == 503) && waited + delay <= self.config.backoff.budget {
+                tokio::time::sleep(delay).await;
+                waited += delay;
+                attempt += 1;
+                continue;
+            }
+            break (status, body);
+        };
         match status {
             200 if body.get("found") == Some(&Value::Bool(true)) => {
                 int(body.pointer("/_source/published"))
