@@ -3094,3 +3094,78 @@ async fn publication_times_create_their_index_and_events_keep_what_is_set() {
     assert_eq!((s, &body["published"]), (200, &json!(at(3))), "{body}");
     assert_eq!(fake.0.lock().unwrap().get_faults, 0);
 }
+
+/// A first-days list walks the pair's counters a page at a time (5,000)
+/// and their buckets a search page at a time (10,000): 5,003 counters of
+/// 3 days each cross both, and the list is the one a brute-force sum of
+/// each counter's own days gives.
+#[tokio::test]
+async fn first_days_lists_walk_every_page_of_counters_and_buckets() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let store = store_at(&format!("http://{addr}"));
+    let n = 5003usize;
+    // Counter i: first touch `start(i)` days ago, then the two days after.
+    let start = |i: usize| 2 + (i % 3) as i64;
+    let value = |i: usize, k: i64| ((i * 7919 + k as usize * 31) % 1000) as i64 + 1;
+    let mut requests = Vec::new();
+    for i in 0..n {
+        let uuid = format!("u{i:05}");
+        let mut events = Vec::new();
+        for k in 0..3 {
+            let at = now() - chrono::Duration::days(start(i) - k);
+            let ts = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            let spec = IncrementSpec {
+                entity: "VIDEO",
+                action: "VIEW",
+                uuid: &uuid,
+                count: Some(value(i, k)),
+                timestamp: Some(&ts),
+                ..Default::default()
+            };
+            events.push(Increment::from_spec(&spec, &TimePolicy::default(), now()).unwrap());
+        }
+        requests.push(events);
+    }
+    for chunk in requests.chunks(1000) {
+        let out = store
+            .apply(WriteBatch {
+                requests: chunk.to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(out
+            .requests
+            .iter()
+            .all(|r| matches!(r, RequestOutcome::Applied { .. })));
+    }
+    for days in [1u32, 2] {
+        let mut want: Vec<(i128, String)> = (0..n)
+            .map(|i| {
+                let sum: i64 = (0..i64::from(days)).map(|k| value(i, k)).sum();
+                (i128::from(sum), format!("u{i:05}"))
+            })
+            .collect();
+        want.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let today = counter_gateway::domain::day_of(now());
+        let list = store
+            .top_first_days(&counter_gateway::store::FirstDaysQuery {
+                entity: "VIDEO".into(),
+                action: "VIEW".into(),
+                days,
+                category: None,
+                size: 20,
+                oldest_day: today - 400,
+            })
+            .await
+            .unwrap();
+        let got: Vec<(i128, String)> = list
+            .entries
+            .iter()
+            .map(|e| (e.value, e.uuid.clone()))
+            .collect();
+        assert_eq!(got, want[..20].to_vec(), "first {days} days");
+        assert!(list.exact);
+    }
+}
