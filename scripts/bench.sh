@@ -9,6 +9,7 @@
 #   BENCH_ONLY=node scripts/bench.sh # only the Elasticsearch store on a real OpenSearch node
 #   NODE_KEYS=10000 NODE_CONNECTIONS=2048 BENCH_ONLY=node scripts/bench.sh # one of its cells
 #   BENCH_ONLY=embedded scripts/bench.sh # only the embedded store's table (SPEC §5 ratios)
+#   BENCH_ONLY=milestones MILESTONE_COUNTERS=1000000 scripts/bench.sh # first_N_days lists (issue 24)
 #   BENCH_BIN=path/to/counter-gateway scripts/bench.sh # measure another build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +42,7 @@ BENCH_OUT=${BENCH_OUT:-target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  mkdir -p "$BENCH_OUT" && cp "$work"/wrk-*.txt "$work"/cpu-*.txt "$work"/table.txt "$work"/node-table.txt "$BENCH_OUT"/ 2>/dev/null || true
+  mkdir -p "$BENCH_OUT" && cp "$work"/wrk-*.txt "$work"/cpu-*.txt "$work"/table.txt "$work"/node-table.txt "$work"/milestones.txt "$BENCH_OUT"/ 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -214,6 +215,18 @@ if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = embedded ]; then
   printf '%-48s %14.0f %10s %12s %9s\n' "GET /v1/counters?keys= (1 key)" "$mr_rps" "$(p99 badge-multiread)" "$(cpu badge-multiread)" "1.00"
   printf '%-48s %14.0f %10s %12s %9s\n' "GET /v1/badge/.../b1.svg" "$svg_rps" "$(p99 badge-svg)" "$(cpu badge-svg)" "$(ratio "$svg_rps" "$mr_rps")"
   printf '%-48s %14.0f %10s %12s %9s\n' "GET /v1/shields/.../b1" "$sh_rps" "$(p99 badge-shields)" "$(cpu badge-shields)" "$(ratio "$sh_rps" "$mr_rps")"
+fi
+
+# --- Milestones (issue 24): a first_N_days top list over MILESTONE_COUNTERS
+# counters (default 1,000,000, goal: under 50 ms on the embedded store), each
+# with 3 daily buckets from its first touch, first touches over 60 days, one
+# in four with a publication time set; loaded through POST /v1/events into
+# the same gateway, then each list timed one request at a time
+# (scripts/bench/milestones.py). `BENCH_ONLY=milestones` runs only this.
+if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = milestones ]; then
+  printf '\nmilestones: first_N_days top lists (embedded store)\n'
+  python3 scripts/bench/milestones.py "$base" "${MILESTONE_COUNTERS:-1000000}" "${MILESTONE_RUNS:-5}" \
+    | tee "$work/milestones.txt"
 fi
 
 # Elasticsearch write path (SPEC §5, issue 3): a second gateway writes to

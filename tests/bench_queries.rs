@@ -2,6 +2,7 @@
 //! (default 1,000,000) with a week of daily buckets (today and the 6 days
 //! before, so `last_week`) through `POST /v1/events`,
 //! then times top lists and reports, through the router and at the store.
+//! `first_<N>_days` lists (milestones) are timed once the load is folded.
 //! Windowed top lists are timed at the moments that differ: the first query
 //! right after the load, once the background has folded the load (and how
 //! long that took), and the first query after the day changes (the injected
@@ -22,7 +23,7 @@ use counter_gateway::domain::{day_of, CounterKey, ManualClock, TimePolicy, Windo
 use counter_gateway::metrics::Metrics;
 use counter_gateway::pipeline::{Pipeline, PipelineConfig};
 use counter_gateway::store::sqlite::{Durability, SqliteStore};
-use counter_gateway::store::{StaleQuery, Store, TopQuery};
+use counter_gateway::store::{FirstDaysQuery, StaleQuery, Store, TopQuery};
 use counter_gateway::{router, AppState, Limits};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
@@ -308,6 +309,30 @@ async fn query_timings_at_a_million_counters() {
     }
     report("store.unused", &mut runs);
 
+    // Milestones (issue 24): every counter's first touch is on the load's
+    // first day, so each list sums that many of its days.
+    for days in [3, 7] {
+        let q = FirstDaysQuery {
+            entity: "VIDEO".into(),
+            action: "VIEW".into(),
+            days,
+            category: None,
+            size: 100,
+            oldest_day: today - i64::from(TimePolicy::default().retention_days),
+        };
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let t = Instant::now();
+            let list = store.top_first_days(&q).await.unwrap();
+            runs.push(t.elapsed());
+            assert_eq!(list.entries.len(), 100);
+        }
+        report(
+            &format!("store.top_first_days first_{days}_days size=100"),
+            &mut runs,
+        );
+    }
+
     for path in &[
         "/v1/top/VIDEO/VIEW?size=100".to_string(),
         "/v1/top/VIDEO/VIEW?size=100&interval=last_week".to_string(),
@@ -317,6 +342,7 @@ async fn query_timings_at_a_million_counters() {
             counter_gateway::domain::format_day(week.to_day)
         ),
         "/v1/reports/stale?days=1&size=100".to_string(),
+        "/v1/top/VIDEO/VIEW?size=100&interval=first_7_days".to_string(),
     ] {
         let mut runs = Vec::new();
         for _ in 0..3 {

@@ -748,6 +748,57 @@ fn update_get(src: &Map<String, Value>, payload: &Value, call: usize, found: boo
     }
 }
 
+/// A `_bulk` of whole documents (`index`, `create`, `delete`: what
+/// publication times are written with), answered item by item as a real
+/// node does: a create of an existing document is a 409, a delete of a
+/// missing one a 404 `not_found`, a write to a missing index with automatic
+/// creation off a 404 `index_not_found_exception`.
+fn doc_bulk(st: &mut State, lines: &[Value]) -> Value {
+    let mut items = Vec::new();
+    let mut errors = false;
+    let mut i = 0;
+    while i < lines.len() {
+        let (op, meta) = lines[i].as_object().unwrap().iter().next().unwrap();
+        let op = op.clone();
+        let index = meta["_index"].as_str().unwrap().to_string();
+        let id = meta["_id"].as_str().unwrap().to_string();
+        let doc = (op != "delete").then(|| lines[i + 1].clone());
+        i += if doc.is_some() { 2 } else { 1 };
+        let key = (index.clone(), id.clone());
+        let head = json!({"_index": index, "_id": id});
+        let mut item = head.clone();
+        if st.no_auto_create && !st.indices.contains(&index) && op != "delete" {
+            errors = true;
+            item["status"] = json!(404);
+            item["error"] = json!({"type": "index_not_found_exception",
+                "reason": format!("no such index [{index}] and [action.auto_create_index] is [false]"),
+                "index_uuid": "_na_", "index": index});
+        } else if op == "delete" {
+            let found = st.docs.remove(&key).is_some();
+            item["result"] = json!(if found { "deleted" } else { "not_found" });
+            item["status"] = json!(if found { 200 } else { 404 });
+            errors |= !found;
+        } else if op == "create" && st.docs.contains_key(&key) {
+            errors = true;
+            item["status"] = json!(409);
+            item["error"] = json!({"type": "version_conflict_engine_exception",
+                "reason": format!("[{id}]: version conflict, document already exists (current version [1])"),
+                "index": index});
+        } else {
+            assert!(op == "index" || op == "create", "bulk op {op}");
+            let existed = st.docs.contains_key(&key);
+            st.bump(&key);
+            st.docs
+                .insert(key, doc.unwrap().as_object().unwrap().clone());
+            st.indices.insert(index.clone());
+            item["result"] = json!(if existed { "updated" } else { "created" });
+            item["status"] = json!(if existed { 200 } else { 201 });
+        }
+        items.push(json!({ op: item }));
+    }
+    json!({"took": 1, "errors": errors, "items": items})
+}
+
 fn decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::new();
@@ -792,6 +843,9 @@ impl Fake {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
+        if lines.first().is_some_and(|l| l.get("update").is_none()) {
+            return es(200, doc_bulk(&mut st, &lines));
+        }
         let ids: Vec<String> = lines
             .chunks(2)
             .map(|c| c[0]["update"]["_id"].as_str().unwrap().to_string())
@@ -2015,35 +2069,37 @@ async fn setup_installs_every_object_in_order() {
     let store = store_at(&format!("http://{addr}"));
     let report = store.setup().await.unwrap();
     // Six stored scripts (counter, bucket, average, average bucket,
-    // counter set, actor mark), the ILM policy, six component and six
-    // index templates; then the mark fields added to mark indices an
+    // counter set, actor mark), the ILM policy, seven component and seven
+    // index templates (the last: targets' publication times); then the mark fields added to mark indices an
     // earlier version made, and `applied_ops` to counter and bucket indices.
-    assert_eq!(report.installed.len(), 19);
+    assert_eq!(report.installed.len(), 21);
     let calls = fake.0.lock().unwrap().calls.clone();
     let puts: Vec<_> = calls.iter().filter(|c| c.starts_with("PUT")).collect();
-    assert_eq!(puts.len(), 21);
+    assert_eq!(puts.len(), 23);
     assert!(
-        puts[20].starts_with(
+        puts[22].starts_with(
             "PUT /counter-gateway_*_counters,counter-gateway_*_average_counters,\
              counter-gateway_*_histogram_counters-*,counter-gateway_*_average_histogram_counters-*/_mapping"
         ),
         "{}",
-        puts[20]
+        puts[22]
     );
     assert!(
-        puts[19].starts_with(
+        puts[21].starts_with(
             "PUT /counter-gateway_*_actor_marks,counter-gateway_*_actor_day_marks-*/_mapping"
         ),
         "{}",
-        puts[19]
+        puts[21]
     );
     assert!(puts[0].starts_with("PUT /_scripts/counter-gateway-counter-update-v2"));
     assert!(puts[2].starts_with("PUT /_scripts/counter-gateway-average-update-v2"));
     assert!(puts[3].starts_with("PUT /_scripts/counter-gateway-average-bucket-update-v2"));
     assert!(puts[4].starts_with("PUT /_scripts/counter-gateway-counter-set-v1"));
     assert!(puts[5].starts_with("PUT /_scripts/counter-gateway-actor-mark-v2"));
-    assert!(puts[16].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
-    assert!(puts[18].starts_with("PUT /_index_template/counter-gateway-actor_day_marks"));
+    assert!(puts[13].starts_with("PUT /_component_template/counter-gateway-target-mappings"));
+    assert!(puts[17].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
+    assert!(puts[19].starts_with("PUT /_index_template/counter-gateway-actor_day_marks"));
+    assert!(puts[20].starts_with("PUT /_index_template/counter-gateway-targets"));
 }
 
 #[tokio::test]
@@ -2986,4 +3042,130 @@ async fn view_marks_live_in_monthly_indices_created_ahead() {
         (&json!(1), &json!(true)),
         "{b}"
     );
+}
+
+/// Publication times on a cluster without automatic index creation: the
+/// first set creates the targets index (from its template) and is sent
+/// again; an event's set keeps what an admin set (a create's 409); a clear
+/// of a target without one is done.
+#[tokio::test]
+async fn publication_times_create_their_index_and_events_keep_what_is_set() {
+    let fake = Fake::default();
+    fake.0.lock().unwrap().no_auto_create = true;
+    fake.0.lock().unwrap().indices.insert(COUNTERS.into());
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let at = |days: i64| {
+        (now() - chrono::Duration::days(days)).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    let (s, body) = call(
+        &router,
+        "PUT",
+        "/v1/targets/ARTICLE/a1",
+        Some(json!({"published": at(3)})),
+    )
+    .await;
+    assert_eq!((s, &body["published"]), (200, &json!(at(3))), "{body}");
+    assert!(index_puts(&fake).contains(&"counter-gateway_default_targets".to_string()));
+    let (s, body) = call(
+        &router,
+        "POST",
+        "/v1/events",
+        Some(json!({"events": [{"entity": "ARTICLE", "action": "VIEW", "uuid": "a1", "published": at(1)},
+                               {"entity": "ARTICLE", "action": "VIEW", "uuid": "a2", "published": at(2)}]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let (_, body) = call(&router, "GET", "/v1/targets/ARTICLE/a1", None).await;
+    assert_eq!(body["published"], json!(at(3)), "{body}");
+    let (_, body) = call(&router, "GET", "/v1/targets/ARTICLE/a2", None).await;
+    assert_eq!(body["published"], json!(at(2)), "{body}");
+    let (s, body) = call(
+        &router,
+        "PUT",
+        "/v1/targets/ARTICLE/none",
+        Some(json!({"published": null})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    // A shard still recovering answers a read 503: asked again.
+    fake.0.lock().unwrap().get_faults = 2;
+    let (s, body) = call(&router, "GET", "/v1/targets/ARTICLE/a1", None).await;
+    assert_eq!((s, &body["published"]), (200, &json!(at(3))), "{body}");
+    assert_eq!(fake.0.lock().unwrap().get_faults, 0);
+}
+
+/// A first-days list walks the pair's counters a page at a time (5,000)
+/// and their buckets a search page at a time (10,000): 5,003 counters of
+/// 3 days each cross both, and the list is the one a brute-force sum of
+/// each counter's own days gives.
+#[tokio::test]
+async fn first_days_lists_walk_every_page_of_counters_and_buckets() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let store = store_at(&format!("http://{addr}"));
+    let n = 5003usize;
+    // Counter i: first touch `start(i)` days ago, then the two days after.
+    let start = |i: usize| 2 + (i % 3) as i64;
+    let value = |i: usize, k: i64| ((i * 7919 + k as usize * 31) % 1000) as i64 + 1;
+    let mut requests = Vec::new();
+    for i in 0..n {
+        let uuid = format!("u{i:05}");
+        let mut events = Vec::new();
+        for k in 0..3 {
+            let at = now() - chrono::Duration::days(start(i) - k);
+            let ts = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            let spec = IncrementSpec {
+                entity: "VIDEO",
+                action: "VIEW",
+                uuid: &uuid,
+                count: Some(value(i, k)),
+                timestamp: Some(&ts),
+                ..Default::default()
+            };
+            events.push(Increment::from_spec(&spec, &TimePolicy::default(), now()).unwrap());
+        }
+        requests.push(events);
+    }
+    for chunk in requests.chunks(1000) {
+        let out = store
+            .apply(WriteBatch {
+                requests: chunk.to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(out
+            .requests
+            .iter()
+            .all(|r| matches!(r, RequestOutcome::Applied { .. })));
+    }
+    for days in [1u32, 2] {
+        let mut want: Vec<(i128, String)> = (0..n)
+            .map(|i| {
+                let sum: i64 = (0..i64::from(days)).map(|k| value(i, k)).sum();
+                (i128::from(sum), format!("u{i:05}"))
+            })
+            .collect();
+        want.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let today = counter_gateway::domain::day_of(now());
+        let list = store
+            .top_first_days(&counter_gateway::store::FirstDaysQuery {
+                entity: "VIDEO".into(),
+                action: "VIEW".into(),
+                days,
+                category: None,
+                size: 20,
+                oldest_day: today - 400,
+            })
+            .await
+            .unwrap();
+        let got: Vec<(i128, String)> = list
+            .entries
+            .iter()
+            .map(|e| (e.value, e.uuid.clone()))
+            .collect();
+        assert_eq!(got, want[..20].to_vec(), "first {days} days");
+        assert!(list.exact);
+    }
 }

@@ -288,6 +288,8 @@ fn mappings_are_strict_and_typed() {
                 "scope" | "state" | "token" | "outcome" => "keyword",
                 "value" | "sum" | "quantity" | "skipped_events" => "long",
                 "first_timestamp" | "recorded_timestamp" | "day" | "since" => "date",
+                // A target's publication time (milestones).
+                "published" => "date",
                 "average" => "double",
                 "event_ids" | "set_days" | "last_set" => "object",
                 // The last writes a counter or bucket took, only read back by its script.

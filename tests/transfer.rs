@@ -403,6 +403,25 @@ impl counter_gateway::store::Store for Interrupted {
         }
         self.inner.import(batch).await
     }
+    async fn set_published(
+        &self,
+        sets: Vec<counter_gateway::store::PublishedSet>,
+    ) -> Result<(), counter_gateway::store::StoreError> {
+        self.inner.set_published(sets).await
+    }
+    async fn published(
+        &self,
+        entity: &str,
+        uuid: &str,
+    ) -> Result<Option<i64>, counter_gateway::store::StoreError> {
+        self.inner.published(entity, uuid).await
+    }
+    async fn top_first_days(
+        &self,
+        q: &counter_gateway::store::FirstDaysQuery,
+    ) -> Result<counter_gateway::store::FirstDaysList, counter_gateway::store::StoreError> {
+        self.inner.top_first_days(q).await
+    }
 }
 
 #[tokio::test]

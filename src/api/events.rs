@@ -11,8 +11,10 @@ use chrono::{DateTime, Utc};
 use super::extract::{describe, parse_json, JsonBytes};
 use super::model::{EventBody, EventsAccepted, EventsBody, Object, RawEventsBody};
 use crate::actors::{Actors, Asks};
+use crate::domain::milestone::{parse_published, Published};
 use crate::domain::{Increment, Interner, TimePolicy};
 use crate::error::{ApiError, EventError};
+use crate::store::PublishedSet;
 
 use super::openapi::Overflow;
 
@@ -34,6 +36,9 @@ pub async fn post(
         app.limits.max_events_per_request,
         &app.actors,
     )?;
+    // Read once the events are valid (a bad `published` is named like any
+    // bad field); nothing is kept before every event is checked.
+    let published = publications(&body, &app.time_policy, app.clock.now())?;
     // Every event of the batch checked before any token is taken.
     let accepted = incs.len();
     let app = match super::counters::applying(app, sender, &asks).await? {
@@ -43,6 +48,11 @@ pub async fn post(
     // The increments own their strings: the body and its parse need not be
     // held while the write waits in the queue (its bound counts increments).
     drop(body);
+    // Kept before the increments: a failure here applies nothing, and a
+    // retry after a failed submit sets the same again (nothing moves).
+    if !published.is_empty() {
+        app.store.set_published(published).await?;
+    }
     let applied = app.pipeline.submit(incs, None).await?;
     app.metrics.record_repeats(applied.repeats);
     Ok(Json(EventsAccepted {
@@ -52,6 +62,44 @@ pub async fn post(
         ignored: 0,
     })
     .into_response())
+}
+
+/// The publication times a valid batch sends (`published`), each judged
+/// against the clock: malformed is a 400 naming the event; implausible ones
+/// are left out (the first touch stands in). Only bodies that may hold the
+/// field are parsed again for it: most batches pay one scan, not a parse.
+fn publications(
+    body: &[u8],
+    policy: &TimePolicy,
+    now: DateTime<Utc>,
+) -> Result<Vec<PublishedSet>, ApiError> {
+    // A key may be written with escapes (`\u0070ublished`): any backslash
+    // parses too.
+    if !body.contains(&b'\\') && !body.windows(11).any(|w| w == b"\"published\"") {
+        return Ok(Vec::new());
+    }
+    let parsed = parse_batch(body)?;
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for (index, e) in parsed.0.events.iter().enumerate() {
+        let Some(raw) = e.published.as_deref() else {
+            continue;
+        };
+        match parse_published("published", raw, now, policy.max_skew) {
+            Ok(Published::At(ms)) => out.push(PublishedSet {
+                entity: e.entity.to_string(),
+                uuid: e.uuid.to_string(),
+                at_ms: Some(ms),
+                replace: false,
+            }),
+            Ok(Published::Implausible(_)) => {}
+            Err(reason) => errors.push(EventError { index, reason }),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::InvalidEvents(errors));
+    }
+    Ok(out)
 }
 
 /// A batch body parsed, its strings still borrowed from the body.

@@ -14,6 +14,7 @@ mod days;
 pub mod edge;
 pub mod events;
 mod extract;
+mod milestones;
 mod model;
 mod multiread;
 pub mod openapi;
@@ -104,6 +105,8 @@ pub(crate) fn table() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(counters::target))
         .routes(routes!(events::post))
         .routes(routes!(queries::top))
+        .routes(routes!(milestones::get))
+        .routes(routes!(milestones::put_target, milestones::get_target))
         .routes(routes!(queries::top_averages))
         .routes(routes!(averages::get, averages::post))
         .routes(routes!(reports::stale))

@@ -163,6 +163,13 @@ pub struct EventBody<'a> {
     #[serde(default, borrow, deserialize_with = "borrowed")]
     #[schema(schema_with = crate::api::openapi::optional_unique)]
     pub unique: Option<Cow<'a, str>>,
+    /// When the target (entity + uuid) was published, RFC 3339: its
+    /// milestones count from that UTC day. Kept only for a target without
+    /// one (an admin's `PUT /v1/targets/{entity}/{uuid}` replaces it); an
+    /// implausible time (before 2008, in the future) is not kept.
+    #[serde(default, borrow, deserialize_with = "borrowed")]
+    #[schema(schema_with = crate::api::openapi::optional_timestamp)]
+    pub published: Option<Cow<'a, str>>,
 }
 
 /// Body of `POST /v1/events`; `maxItems` is the configured batch limit,

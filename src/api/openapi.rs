@@ -124,16 +124,42 @@ pub fn interval() -> Object {
         .build()
 }
 
-/// The `interval` an answer echoes: a named one, or `range` for `from`/`to`.
+/// The `interval` an answer echoes: a named one, `range` for `from`/`to`,
+/// or `first_<N>_days` (a top list by milestone).
 pub fn answered_interval() -> Object {
+    let named: Vec<&str> = crate::domain::NAMED_INTERVALS
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(["range"])
+        .collect();
     ObjectBuilder::new()
         .schema_type(Type::String)
-        .enum_values(Some(
-            crate::domain::NAMED_INTERVALS
-                .iter()
-                .map(|(n, _)| *n)
-                .chain(["range"]),
-        ))
+        .pattern(Some(format!("^({}|first_[0-9]+_days)$", named.join("|"))))
+        .build()
+}
+
+/// The `interval` of a top list: a named one, or `first_<N>_days` (N from
+/// 1 to the bucket retention): the totals of each target's first N days
+/// from its publication.
+pub fn top_interval() -> Object {
+    let named: Vec<&str> = crate::domain::NAMED_INTERVALS
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(format!(
+            "^({}|first_[1-9][0-9]*_days)$",
+            named.join("|")
+        )))
+        .build()
+}
+
+/// Where a publication time came from.
+pub fn published_source() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(["set", "first_touch"]))
         .build()
 }
 
@@ -189,6 +215,8 @@ param_schema! {
     Name = name;
     /// See [`interval`].
     Interval = interval;
+    /// See [`top_interval`].
+    TopInterval = top_interval;
     /// See [`day`].
     Day = day;
     /// See [`size`].

@@ -3,6 +3,7 @@
 //! typed queries; each bad one is a 400 that names it.
 
 use super::access::Reader;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
@@ -179,7 +180,7 @@ pub async fn histogram(
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct TopParams {
-    #[param(inline, value_type = Option<crate::api::openapi::Interval>)]
+    #[param(inline, value_type = Option<crate::api::openapi::TopInterval>)]
     interval: Option<String>,
     #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     from: Option<String>,
@@ -239,8 +240,23 @@ pub async fn top(
     Reader(app): Reader,
     PathParams(path): PathParams<PairPath>,
     QueryParams(p): QueryParams<TopParams>,
-) -> Result<Json<TopJson>, ApiError> {
+) -> Result<Response, ApiError> {
     let (entity, action) = path.validated()?;
+    let first_days = p.interval.as_deref().and_then(|i| {
+        crate::domain::milestone::parse_first_days(i, app.time_policy.retention_days)
+    });
+    if let Some(days) = first_days {
+        let days = days.map_err(ApiError::BadRequest)?;
+        if p.from.is_some() || p.to.is_some() {
+            return Err(ApiError::BadRequest(format!(
+                "interval first_{days}_days cannot be combined with from/to; give one or the other"
+            )));
+        }
+        let (category, size) = (category(p.category)?, size(p.size.as_deref())?);
+        let list =
+            super::milestones::top_first_days(&app, entity, action, days, category, size).await?;
+        return Ok(Json(list).into_response());
+    }
     let resolved = window(
         &app,
         p.interval.as_deref(),
@@ -272,7 +288,8 @@ pub async fn top(
         category: query.category,
         size: query.size,
         exact: list.exact,
-    }))
+    })
+    .into_response())
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

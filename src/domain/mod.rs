@@ -10,6 +10,7 @@ mod coalesce;
 mod counter;
 mod event;
 mod key;
+pub mod milestone;
 pub mod rank;
 mod time;
 mod window;

@@ -134,4 +134,22 @@ impl Store for EmptyStore {
     async fn import(&self, _batch: ImportBatch) -> Result<ImportOutcome, StoreError> {
         Err(StoreError::Internal(NO_WRITES.into()))
     }
+
+    async fn set_published(&self, _sets: Vec<super::PublishedSet>) -> Result<(), StoreError> {
+        Err(StoreError::Internal(NO_WRITES.into()))
+    }
+
+    async fn published(&self, _entity: &str, _uuid: &str) -> Result<Option<i64>, StoreError> {
+        Ok(None)
+    }
+
+    async fn top_first_days(
+        &self,
+        _query: &super::FirstDaysQuery,
+    ) -> Result<super::FirstDaysList, StoreError> {
+        Ok(super::FirstDaysList {
+            entries: Vec::new(),
+            exact: true,
+        })
+    }
 }

@@ -8,6 +8,7 @@
 pub mod elasticsearch;
 pub mod empty;
 pub mod history;
+pub mod publication;
 pub mod query;
 pub mod ranked;
 pub mod sqlite;
@@ -21,6 +22,7 @@ pub use history::{
     ActorMark, AverageBucket, AverageHistory, AverageImport, CounterHistory, CounterImport,
     ImportBatch, ImportEntry, ImportOutcome, MarkState,
 };
+pub use publication::{FirstDaysEntry, FirstDaysList, FirstDaysQuery, PublishedSet};
 pub use query::{
     Average, AverageEntry, OutOfScaleAt, StaleQuery, TopAverages, TopAveragesQuery, TopEntry,
     TopList, TopQuery, UnusedPair, MAX_TOP_SIZE,
@@ -321,6 +323,18 @@ pub trait Store: Send + Sync + 'static {
     async fn mark_keying(&self) -> Result<MarkKeying, StoreError> {
         Ok(MarkKeying::Unbound)
     }
+
+    /// Publication times (see `crate::domain::milestone`): sets or clears
+    /// each target's, in order (see [`PublishedSet::replace`]: an event's
+    /// set keeps what is there), durably when it returns. Setting the same
+    /// again changes nothing.
+    async fn set_published(&self, sets: Vec<PublishedSet>) -> Result<(), StoreError>;
+    /// The publication time set for a target, in ms; `None` when none is
+    /// (the first touch of each of its counters stands in).
+    async fn published(&self, entity: &str, uuid: &str) -> Result<Option<i64>, StoreError>;
+    /// The counters with the highest totals over their first days from
+    /// publication; see [`FirstDaysQuery`].
+    async fn top_first_days(&self, query: &FirstDaysQuery) -> Result<FirstDaysList, StoreError>;
 }
 
 /// Which keying a store's actor marks have (see `crate::domain::actor`).

@@ -66,6 +66,7 @@ mod mark_keying;
 mod mark_transfer;
 mod marks;
 pub mod pool;
+mod publication;
 pub mod query;
 mod reads;
 pub mod request;
@@ -330,5 +331,20 @@ impl Store for ElasticsearchStore {
 
     async fn mark_keying(&self) -> Result<super::MarkKeying, StoreError> {
         self.mark_keying_es().await
+    }
+
+    async fn set_published(&self, sets: Vec<crate::store::PublishedSet>) -> Result<(), StoreError> {
+        self.set_published_es(sets).await
+    }
+
+    async fn published(&self, entity: &str, uuid: &str) -> Result<Option<i64>, StoreError> {
+        self.published_es(entity, uuid).await
+    }
+
+    async fn top_first_days(
+        &self,
+        q: &crate::store::FirstDaysQuery,
+    ) -> Result<crate::store::FirstDaysList, StoreError> {
+        self.top_first_days_es(q).await
     }
 }

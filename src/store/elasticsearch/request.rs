@@ -105,6 +105,11 @@ impl IndexNames {
         )
     }
 
+    /// The index of targets' publication times (`publication.rs`).
+    pub fn targets(&self) -> String {
+        self.collection("targets")
+    }
+
     /// The index of `ever` actor marks (likes).
     pub fn actor_marks(&self) -> String {
         self.collection("actor_marks")

@@ -78,6 +78,7 @@ mod hot;
 mod log;
 mod marks;
 mod multiget;
+mod publication;
 mod queries;
 mod schema;
 mod transfer;
@@ -705,6 +706,50 @@ impl Store for SqliteStore {
             }
         }
         Ok(out)
+    }
+
+    /// One transaction on the writer, then an fsync of its own, as
+    /// `set_value`: answered only once durable.
+    async fn set_published(&self, sets: Vec<super::PublishedSet>) -> Result<(), StoreError> {
+        self.check_halted()?;
+        let last_write = self.last_write.clone();
+        self.with_writer(move |w| {
+            publication::set(w, &sets)?;
+            last_write.wrote();
+            Ok(())
+        })
+        .await?;
+        if let Err(e) = self.sync().await {
+            tracing::error!(error = %e, "sync after setting publication times failed");
+            return Err(StoreError::Halted(format!(
+                "{}; the publication times reached the store but may or may not survive a crash (setting them again is safe)",
+                super::HALTED_AFTER_FSYNC
+            )));
+        }
+        Ok(())
+    }
+
+    async fn published(&self, entity: &str, uuid: &str) -> Result<Option<i64>, StoreError> {
+        let (entity, uuid) = (entity.to_string(), uuid.to_string());
+        self.with_reader(move |c| publication::get(c, &entity, &uuid))
+            .await
+    }
+
+    /// Folded first, as a `from`/`to` list: the rows then hold every
+    /// acknowledged increment.
+    async fn top_first_days(
+        &self,
+        query: &super::FirstDaysQuery,
+    ) -> Result<super::FirstDaysList, StoreError> {
+        self.fold_now().await?;
+        let query = query.clone();
+        let entries = self
+            .with_reader(move |c| publication::top(c, &query))
+            .await?;
+        Ok(super::FirstDaysList {
+            entries,
+            exact: true,
+        })
     }
 }
 
