@@ -134,4 +134,19 @@ impl Store for EmptyStore {
     async fn import(&self, _batch: ImportBatch) -> Result<ImportOutcome, StoreError> {
         Err(StoreError::Internal(NO_WRITES.into()))
     }
+
+    async fn countapi_records(
+        &self,
+        _namespace: &str,
+        _key: &str,
+    ) -> Result<crate::domain::countapi::Records, StoreError> {
+        Ok(Default::default())
+    }
+
+    async fn countapi_create(
+        &self,
+        _creation: crate::domain::countapi::Creation,
+    ) -> Result<crate::domain::countapi::Created, StoreError> {
+        Err(StoreError::Internal(NO_WRITES.into()))
+    }
 }

@@ -61,6 +61,10 @@ const COMPONENTS: &[(&str, &str)] = &[
         "actor-mark-mappings",
         include_str!("../../../index-templates/component/actor-mark-mappings.json"),
     ),
+    (
+        "countapi-mappings",
+        include_str!("../../../index-templates/component/countapi-mappings.json"),
+    ),
 ];
 
 /// `(collection, time-based?, file)`.
@@ -94,6 +98,11 @@ const INDEX_TEMPLATES: &[(&str, bool, &str)] = &[
         "actor_day_marks",
         true,
         include_str!("../../../index-templates/index/actor_day_marks.json"),
+    ),
+    (
+        "countapi",
+        false,
+        include_str!("../../../index-templates/index/countapi.json"),
     ),
 ];
 
