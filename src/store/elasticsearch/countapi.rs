@@ -152,22 +152,22 @@ impl ElasticsearchStore {
     }
 
     /// Writes a record unless its id exists: `true` when written, `false`
-    /// when another write made it first.
+    /// when another write made it first. The index is made by the first
+    /// write that finds none, so writes do not depend on automatic index
+    /// creation (`action.auto_create_index` may exclude it).
     async fn countapi_put_new(&self, ns: &str, id: &str, doc: &Value) -> Result<bool, StoreError> {
-        let path = format!(
-            "/{}/_create/{}",
-            self.countapi_index(),
-            encode_path_segment(id)
-        );
+        let index = self.countapi_index();
+        let path = format!("/{index}/_create/{}", encode_path_segment(id));
         let body = serde_json::to_vec(doc).map_err(|e| StoreError::Internal(e.to_string()))?;
-        let (status, answer) = self
-            .call(
-                Method::Put,
-                &path,
-                &[("routing", ns), ("refresh", "wait_for")],
-                Some(body),
-            )
-            .await?;
+        let params = [("routing", ns), ("refresh", "wait_for")];
+        let put = || self.call(Method::Put, &path, &params, Some(body.clone()));
+        let (mut status, mut answer) = put().await?;
+        if status == 404 {
+            self.create_index(&index)
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("creating {index}: {e}")))?;
+            (status, answer) = put().await?;
+        }
         match status {
             200 | 201 => Ok(true),
             409 => Ok(false),
