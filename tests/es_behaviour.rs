@@ -2015,35 +2015,36 @@ async fn setup_installs_every_object_in_order() {
     let store = store_at(&format!("http://{addr}"));
     let report = store.setup().await.unwrap();
     // Six stored scripts (counter, bucket, average, average bucket,
-    // counter set, actor mark), the ILM policy, six component and six
-    // index templates; then the mark fields added to mark indices an
+    // counter set, actor mark), the ILM policy, seven component and seven
+    // index templates (CountAPI's records the seventh); then the mark fields added to mark indices an
     // earlier version made, and `applied_ops` to counter and bucket indices.
-    assert_eq!(report.installed.len(), 19);
+    assert_eq!(report.installed.len(), 21);
     let calls = fake.0.lock().unwrap().calls.clone();
     let puts: Vec<_> = calls.iter().filter(|c| c.starts_with("PUT")).collect();
-    assert_eq!(puts.len(), 21);
+    assert_eq!(puts.len(), 23);
     assert!(
-        puts[20].starts_with(
+        puts[22].starts_with(
             "PUT /counter-gateway_*_counters,counter-gateway_*_average_counters,\
              counter-gateway_*_histogram_counters-*,counter-gateway_*_average_histogram_counters-*/_mapping"
         ),
         "{}",
-        puts[20]
+        puts[22]
     );
     assert!(
-        puts[19].starts_with(
+        puts[21].starts_with(
             "PUT /counter-gateway_*_actor_marks,counter-gateway_*_actor_day_marks-*/_mapping"
         ),
         "{}",
-        puts[19]
+        puts[21]
     );
     assert!(puts[0].starts_with("PUT /_scripts/counter-gateway-counter-update-v2"));
     assert!(puts[2].starts_with("PUT /_scripts/counter-gateway-average-update-v2"));
     assert!(puts[3].starts_with("PUT /_scripts/counter-gateway-average-bucket-update-v2"));
     assert!(puts[4].starts_with("PUT /_scripts/counter-gateway-counter-set-v1"));
     assert!(puts[5].starts_with("PUT /_scripts/counter-gateway-actor-mark-v2"));
-    assert!(puts[16].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
-    assert!(puts[18].starts_with("PUT /_index_template/counter-gateway-actor_day_marks"));
+    assert!(puts[17].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
+    assert!(puts[19].starts_with("PUT /_index_template/counter-gateway-actor_day_marks"));
+    assert!(puts[20].starts_with("PUT /_index_template/counter-gateway-countapi"));
 }
 
 #[tokio::test]

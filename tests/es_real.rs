@@ -419,9 +419,9 @@ async fn setup_is_idempotent() {
     let store =
         ElasticsearchStore::new(EsConfig::new(&url, &prefix, "default").unwrap(), clock()).unwrap();
     let first = store.setup().await.unwrap();
-    // Six scripts, six component and six index templates, and on
+    // Six scripts, seven component and seven index templates, and on
     // Elasticsearch the ILM policy (OpenSearch has no ILM).
-    let want = if first.engine.has_ilm() { 19 } else { 18 };
+    let want = if first.engine.has_ilm() { 21 } else { 20 };
     assert_eq!(first.installed.len(), want, "{first:?}");
     let second = store.setup().await.unwrap();
     assert!(second.installed.is_empty(), "{second:?}");
