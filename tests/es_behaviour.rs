@@ -2988,3 +2988,97 @@ async fn view_marks_live_in_monthly_indices_created_ahead() {
         "{b}"
     );
 }
+
+/// CountAPI's records on the fake cluster: a create writes the namespace
+/// and the key once each (`_create`, routed by namespace, refreshed before
+/// the answer), the namespace holding the admin key's SHA-256 and never the
+/// key; the counter is an ordinary counter document; a record read that
+/// meets a recovering shard is asked again.
+#[tokio::test]
+async fn countapi_records_are_created_once_routed_and_hashed() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/create?namespace=mysite.com&key=likes&value=5&enable_reset=1",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let admin = body["admin_key"].as_str().unwrap().to_string();
+    let (status, again) = call(
+        &router,
+        "GET",
+        "/countapi/create?namespace=mysite.com&key=likes",
+        None,
+    )
+    .await;
+    assert_eq!(status, 409, "{again}");
+    {
+        let st = fake.0.lock().unwrap();
+        let index = "counter-gateway_default_countapi".to_string();
+        let ns = &st.docs[&(index.clone(), "ns:mysite.com".to_string())];
+        assert_eq!(ns["kind"], "namespace");
+        assert_eq!(
+            ns["admin_key_sha256"],
+            json!(counter_gateway::auth::digest_hex(&admin))
+        );
+        let key = &st.docs[&(index.clone(), "key:mysite.com/likes".to_string())];
+        assert_eq!(
+            (
+                &key["enable_reset"],
+                &key["update_lowerbound"],
+                &key["update_upperbound"]
+            ),
+            (&json!(true), &json!(-1), &json!(1))
+        );
+        let all = serde_json::to_string(&st.docs.values().collect::<Vec<_>>()).unwrap();
+        assert!(!all.contains(&admin), "the admin key is stored in clear");
+        let creates: Vec<&String> = st
+            .calls
+            .iter()
+            .filter(|c| c.starts_with("PUT /counter-gateway_default_countapi/_create/"))
+            .collect();
+        assert_eq!(creates.len(), 2, "{creates:?}");
+        for c in creates {
+            assert!(
+                c.contains("routing=mysite.com") && c.contains("refresh=wait_for"),
+                "{c}"
+            );
+        }
+        assert_eq!(
+            st.docs[&(
+                "counter-gateway_default_counters".to_string(),
+                "countapi_mysite.com_likes".to_string()
+            )]["value"],
+            json!(5)
+        );
+    }
+    // `update` reads the records first: its GET meets the recovering shard.
+    fake.0.lock().unwrap().get_faults = 2;
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/update/mysite.com/likes?amount=1",
+        None,
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({"value": 6})));
+    assert_eq!(fake.0.lock().unwrap().get_faults, 0);
+    let (status, body) = call(&router, "GET", "/countapi/info/mysite.com/likes", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (&body["value"], &body["enable_reset"]),
+        (&json!(6), &json!(true))
+    );
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/set/mysite.com/likes?value=9",
+        None,
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({"old_value": 6, "value": 9})));
+}

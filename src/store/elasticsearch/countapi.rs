@@ -119,9 +119,22 @@ impl ElasticsearchStore {
             self.countapi_index(),
             encode_path_segment(id)
         );
-        let (status, body) = self
-            .call(Method::Get, &path, &[("routing", ns)], None)
-            .await?;
+        // A read changes nothing: a 429 or 503 (a shard still recovering)
+        // is asked again within the back-off budget, as a counter's GET is.
+        let (mut attempt, mut waited) = (0, std::time::Duration::ZERO);
+        let (status, body) = loop {
+            let (status, body) = self
+                .call(Method::Get, &path, &[("routing", ns)], None)
+                .await?;
+            let delay = self.config.backoff.delay(attempt, &self.jitter);
+            if (status == 429 || status == 503) && waited + delay <= self.config.backoff.budget {
+                tokio::time::sleep(delay).await;
+                waited += delay;
+                attempt += 1;
+                continue;
+            }
+            break (status, body);
+        };
         match status {
             200 if body["found"] == json!(true) => Ok(Some(body["_source"].clone())),
             200 | 404 => Ok(None),
