@@ -474,3 +474,33 @@ async fn with_keys_each_verb_takes_its_role() {
         json!({"value": 1})
     );
 }
+
+#[tokio::test]
+async fn img_answers_a_gif_for_an_image_tag() {
+    let app = TestApp::start().await;
+    let r = app
+        .send(app.http.get(app.url("/countapi/hit/mysite.com/visits?img")))
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("image/gif"));
+    assert_eq!(r.header("cache-control"), Some("no-store"));
+    let bytes = app
+        .http
+        .get(app.url("/countapi/hit/mysite.com/visits?img"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert!(bytes.starts_with(b"GIF89a") && bytes.len() == 43);
+    assert_eq!(app.value("countapi", "mysite.com", "visits").await, Some(2));
+    // A refusal stays JSON, naming why.
+    let r = app.get("/countapi/get/mysite.com/never?img").await;
+    assert_error(&r, 404, "not_found", &[]);
+    let r = app
+        .get("/countapi/hit/mysite.com/visits?img&callback=cb")
+        .await;
+    assert_error(&r, 400, "invalid_request", &["callback and img"]);
+    assert_eq!(app.value("countapi", "mysite.com", "visits").await, Some(2));
+}

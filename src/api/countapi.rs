@@ -167,6 +167,9 @@ pub struct PlainQuery {
         max_length = 64
     )]
     callback: Option<String>,
+    /// CountAPI's `?img`: answer a 1x1 transparent GIF instead of JSON
+    /// (for an `<img>` tag); a refusal stays JSON.
+    img: Option<String>,
 }
 
 /// `update`'s parameters.
@@ -186,6 +189,9 @@ pub struct UpdateQuery {
         max_length = 64
     )]
     callback: Option<String>,
+    /// CountAPI's `?img`: answer a 1x1 transparent GIF instead of JSON
+    /// (for an `<img>` tag); a refusal stays JSON.
+    img: Option<String>,
 }
 
 /// `set`'s parameters.
@@ -204,6 +210,9 @@ pub struct SetQuery {
         max_length = 64
     )]
     callback: Option<String>,
+    /// CountAPI's `?img`: answer a 1x1 transparent GIF instead of JSON
+    /// (for an `<img>` tag); a refusal stays JSON.
+    img: Option<String>,
 }
 
 /// `create`'s parameters, as CountAPI's.
@@ -326,16 +335,41 @@ fn callback(name: Option<String>) -> Result<Option<String>, ApiError> {
     Ok(Some(name))
 }
 
+/// How an answer is sent: JSON, JSONP (`callback`), or CountAPI's GIF (`img`).
+enum Output {
+    Json,
+    Jsonp(String),
+    Gif,
+}
+
+/// The output the parameters ask for, checked.
+fn output(cb: Option<String>, img: Option<String>) -> Result<Output, ApiError> {
+    match (callback(cb)?, img) {
+        (Some(_), Some(_)) => Err(ApiError::BadRequest(
+            "callback and img ask for two kinds of answer; give one".into(),
+        )),
+        (Some(cb), None) => Ok(Output::Jsonp(cb)),
+        (None, Some(_)) => Ok(Output::Gif),
+        (None, None) => Ok(Output::Json),
+    }
+}
+
 /// The answer (or the refusal) with the headers every CountAPI answer
 /// has; as JSONP when `jsonp` names a callback: always 200 (a script tag
 /// runs no other), the status in the body's `status` when it is not 200.
-async fn finish(result: Result<Answer, ApiError>, jsonp: Option<String>) -> Response {
+async fn finish(result: Result<Answer, ApiError>, out: Output) -> Response {
     let ignored = matches!(&result, Ok(a) if a.ignored);
-    let mut res = match result {
-        Ok(a) => (a.status, axum::Json(a.body)).into_response(),
-        Err(e) => e.into_response(),
+    let mut res = match (result, &out) {
+        (Ok(a), Output::Gif) => (
+            a.status,
+            [(header::CONTENT_TYPE, HeaderValue::from_static("image/gif"))],
+            &pixel::GIF[..],
+        )
+            .into_response(),
+        (Ok(a), _) => (a.status, axum::Json(a.body)).into_response(),
+        (Err(e), _) => e.into_response(),
     };
-    if let Some(cb) = jsonp {
+    if let Output::Jsonp(cb) = out {
         let status = res.status();
         let (mut parts, body) = res.into_parts();
         let bytes = axum::body::to_bytes(body, 64 * 1024)
@@ -613,14 +647,14 @@ fn set_failed(e: StoreError) -> ApiError {
     summary = "CountAPI: a key's value, `{\"value\": N}`",
     params(NsKeyPath, PlainQuery), security(("bearer" = ["public"]), ("key" = ["public"])),
     responses((status = 200, description = "The value; `application/javascript` with `callback`",
-        content((ValueAnswer = "application/json"), (String = "application/javascript")),
+        content((ValueAnswer = "application/json"), (String = "application/javascript"), (inline(crate::api::openapi::Gif) = "image/gif")),
         headers(("Cache-Control" = String, description = "`no-store`"))), NotFound))]
 pub async fn get(
     CountReader(app): CountReader,
     PathParams(path): PathParams<NsKeyPath>,
     QueryParams(q): QueryParams<PlainQuery>,
 ) -> Response {
-    let cb = callback(q.callback);
+    let cb = output(q.callback, q.img);
     run(cb, |_| get_in(&app, path)).await
 }
 
@@ -628,25 +662,25 @@ pub async fn get(
     summary = "CountAPI: a key's value in the namespace `default`",
     params(KeyPath, PlainQuery), security(("bearer" = ["public"]), ("key" = ["public"])),
     responses((status = 200, description = "The value",
-        content((ValueAnswer = "application/json"), (String = "application/javascript"))), NotFound))]
+        content((ValueAnswer = "application/json"), (String = "application/javascript"), (inline(crate::api::openapi::Gif) = "image/gif"))), NotFound))]
 pub async fn get_default(
     CountReader(app): CountReader,
     PathParams(path): PathParams<KeyPath>,
     QueryParams(q): QueryParams<PlainQuery>,
 ) -> Response {
-    let cb = callback(q.callback);
+    let cb = output(q.callback, q.img);
     run(cb, |_| get_in(&app, path.into())).await
 }
 
-/// Runs `f` once the callback checked out, and finishes its answer.
-async fn run<F, Fut>(cb: Result<Option<String>, ApiError>, f: F) -> Response
+/// Runs `f` once the output asked for checked out, and finishes its answer.
+async fn run<F, Fut>(out: Result<Output, ApiError>, f: F) -> Response
 where
     F: FnOnce(()) -> Fut,
     Fut: std::future::Future<Output = Result<Answer, ApiError>>,
 {
-    match cb {
-        Err(e) => finish(Err(e), None).await,
-        Ok(cb) => finish(f(()).await, cb).await,
+    match out {
+        Err(e) => finish(Err(e), Output::Json).await,
+        Ok(out) => finish(f(()).await, out).await,
     }
 }
 
@@ -654,9 +688,10 @@ where
     summary = "CountAPI: add one to a key (made if new) and answer its value once durable",
     params(NsKeyPath, PlainQuery), security(("bearer" = ["write"]), ("key" = ["write"])),
     responses((status = 200, description = "Counted; the value after it. `HEAD` counts nothing",
-        content((ValueAnswer = "application/json"), (String = "application/javascript")),
+        content((ValueAnswer = "application/json"), (String = "application/javascript"), (inline(crate::api::openapi::Gif) = "image/gif")),
         headers(("Cache-Control" = String, description = "`no-store`"))),
-        (status = 202, description = crawlers::IGNORED_DESCRIPTION, body = ValueAnswer,
+        (status = 202, description = crawlers::IGNORED_DESCRIPTION,
+            content((ValueAnswer = "application/json"), (inline(crate::api::openapi::Gif) = "image/gif")),
             headers(("X-Counter-Ignored" = String, description = "`crawler`: why nothing was counted"))),
         Overflow))]
 pub async fn hit(
@@ -666,7 +701,7 @@ pub async fn hit(
     PathParams(path): PathParams<NsKeyPath>,
     QueryParams(q): QueryParams<PlainQuery>,
 ) -> Response {
-    let cb = callback(q.callback);
+    let cb = output(q.callback, q.img);
     run(
         cb,
         |_| async move { add(app, sender, &method, &path, 1).await },
@@ -678,8 +713,9 @@ pub async fn hit(
     summary = "CountAPI: `hit` in the namespace `default`",
     params(KeyPath, PlainQuery), security(("bearer" = ["write"]), ("key" = ["write"])),
     responses((status = 200, description = "Counted; the value after it",
-        content((ValueAnswer = "application/json"), (String = "application/javascript"))),
-        (status = 202, description = crawlers::IGNORED_DESCRIPTION, body = ValueAnswer),
+        content((ValueAnswer = "application/json"), (String = "application/javascript"), (inline(crate::api::openapi::Gif) = "image/gif"))),
+        (status = 202, description = crawlers::IGNORED_DESCRIPTION,
+            content((ValueAnswer = "application/json"), (inline(crate::api::openapi::Gif) = "image/gif"))),
         Overflow))]
 pub async fn hit_default(
     CountWriter(app): CountWriter,
@@ -688,7 +724,7 @@ pub async fn hit_default(
     PathParams(path): PathParams<KeyPath>,
     QueryParams(q): QueryParams<PlainQuery>,
 ) -> Response {
-    let cb = callback(q.callback);
+    let cb = output(q.callback, q.img);
     let path: NsKeyPath = path.into();
     run(
         cb,
@@ -701,8 +737,9 @@ pub async fn hit_default(
     summary = "CountAPI: add `amount` (inside the key's bounds, or any with the namespace's admin_key)",
     params(NsKeyPath, UpdateQuery), security(("bearer" = ["write"]), ("key" = ["write"])),
     responses((status = 200, description = "Counted; the value after it",
-        content((ValueAnswer = "application/json"), (String = "application/javascript"))),
-        (status = 202, description = crawlers::IGNORED_DESCRIPTION, body = ValueAnswer),
+        content((ValueAnswer = "application/json"), (String = "application/javascript"), (inline(crate::api::openapi::Gif) = "image/gif"))),
+        (status = 202, description = crawlers::IGNORED_DESCRIPTION,
+            content((ValueAnswer = "application/json"), (inline(crate::api::openapi::Gif) = "image/gif"))),
         Overflow))]
 pub async fn update(
     CountWriter(app): CountWriter,
@@ -711,7 +748,7 @@ pub async fn update(
     PathParams(path): PathParams<NsKeyPath>,
     QueryParams(q): QueryParams<UpdateQuery>,
 ) -> Response {
-    let cb = callback(q.callback.clone());
+    let cb = output(q.callback.clone(), q.img.clone());
     run(cb, |_| async move {
         update_in(app, sender, &method, path, &q).await
     })
@@ -722,8 +759,9 @@ pub async fn update(
     summary = "CountAPI: `update` in the namespace `default`",
     params(KeyPath, UpdateQuery), security(("bearer" = ["write"]), ("key" = ["write"])),
     responses((status = 200, description = "Counted; the value after it",
-        content((ValueAnswer = "application/json"), (String = "application/javascript"))),
-        (status = 202, description = crawlers::IGNORED_DESCRIPTION, body = ValueAnswer),
+        content((ValueAnswer = "application/json"), (String = "application/javascript"), (inline(crate::api::openapi::Gif) = "image/gif"))),
+        (status = 202, description = crawlers::IGNORED_DESCRIPTION,
+            content((ValueAnswer = "application/json"), (inline(crate::api::openapi::Gif) = "image/gif"))),
         Overflow))]
 pub async fn update_default(
     CountWriter(app): CountWriter,
@@ -732,7 +770,7 @@ pub async fn update_default(
     PathParams(path): PathParams<KeyPath>,
     QueryParams(q): QueryParams<UpdateQuery>,
 ) -> Response {
-    let cb = callback(q.callback.clone());
+    let cb = output(q.callback.clone(), q.img.clone());
     run(cb, |_| async move {
         update_in(app, sender, &method, path.into(), &q).await
     })
@@ -743,7 +781,7 @@ pub async fn update_default(
     summary = "CountAPI: set a key's value (the namespace's admin_key, or a key made with enable_reset=1)",
     params(NsKeyPath, SetQuery), security(("bearer" = ["write"]), ("key" = ["write"])),
     responses((status = 200, description = "Set, durably; the value before and after",
-        content((SetAnswer = "application/json"), (String = "application/javascript"))),
+        content((SetAnswer = "application/json"), (String = "application/javascript"), (inline(crate::api::openapi::Gif) = "image/gif"))),
         NotFound))]
 pub async fn set(
     CountWriter(app): CountWriter,
@@ -751,7 +789,7 @@ pub async fn set(
     PathParams(path): PathParams<NsKeyPath>,
     QueryParams(q): QueryParams<SetQuery>,
 ) -> Response {
-    let cb = callback(q.callback.clone());
+    let cb = output(q.callback.clone(), q.img.clone());
     run(cb, |_| async move { set_in(app, &method, path, &q).await }).await
 }
 
@@ -759,7 +797,7 @@ pub async fn set(
     summary = "CountAPI: `set` in the namespace `default`",
     params(KeyPath, SetQuery), security(("bearer" = ["write"]), ("key" = ["write"])),
     responses((status = 200, description = "Set, durably; the value before and after",
-        content((SetAnswer = "application/json"), (String = "application/javascript"))),
+        content((SetAnswer = "application/json"), (String = "application/javascript"), (inline(crate::api::openapi::Gif) = "image/gif"))),
         NotFound))]
 pub async fn set_default(
     CountWriter(app): CountWriter,
@@ -767,7 +805,7 @@ pub async fn set_default(
     PathParams(path): PathParams<KeyPath>,
     QueryParams(q): QueryParams<SetQuery>,
 ) -> Response {
-    let cb = callback(q.callback.clone());
+    let cb = output(q.callback.clone(), q.img.clone());
     run(cb, |_| async move {
         set_in(app, &method, path.into(), &q).await
     })
@@ -778,14 +816,14 @@ pub async fn set_default(
     summary = "CountAPI: a key's rules, creation time and value",
     params(NsKeyPath, PlainQuery), security(("bearer" = ["public"]), ("key" = ["public"])),
     responses((status = 200, description = "The key",
-        content((InfoAnswer = "application/json"), (String = "application/javascript"))),
+        content((InfoAnswer = "application/json"), (String = "application/javascript"), (inline(crate::api::openapi::Gif) = "image/gif"))),
         NotFound))]
 pub async fn info(
     CountReader(app): CountReader,
     PathParams(path): PathParams<NsKeyPath>,
     QueryParams(q): QueryParams<PlainQuery>,
 ) -> Response {
-    let cb = callback(q.callback);
+    let cb = output(q.callback, q.img);
     run(cb, |_| info_in(&app, path)).await
 }
 
@@ -793,14 +831,14 @@ pub async fn info(
     summary = "CountAPI: `info` in the namespace `default`",
     params(KeyPath, PlainQuery), security(("bearer" = ["public"]), ("key" = ["public"])),
     responses((status = 200, description = "The key",
-        content((InfoAnswer = "application/json"), (String = "application/javascript"))),
+        content((InfoAnswer = "application/json"), (String = "application/javascript"), (inline(crate::api::openapi::Gif) = "image/gif"))),
         NotFound))]
 pub async fn info_default(
     CountReader(app): CountReader,
     PathParams(path): PathParams<KeyPath>,
     QueryParams(q): QueryParams<PlainQuery>,
 ) -> Response {
-    let cb = callback(q.callback);
+    let cb = output(q.callback, q.img);
     run(cb, |_| info_in(&app, path.into())).await
 }
 
@@ -925,9 +963,9 @@ pub async fn create(
 ) -> Response {
     let q = match create_query(&uri) {
         Ok(q) => q,
-        Err(e) => return finish(Err(e), None).await,
+        Err(e) => return finish(Err(e), Output::Json).await,
     };
-    let cb = callback(q.callback.clone());
+    let cb = output(q.callback.clone(), None);
     run(cb, |_| async move { create_in(app, &method, q).await }).await
 }
 
