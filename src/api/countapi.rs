@@ -355,8 +355,10 @@ fn output(cb: Option<String>, img: Option<String>) -> Result<Output, ApiError> {
 }
 
 /// The answer (or the refusal) with the headers every CountAPI answer
-/// has; as JSONP when `jsonp` names a callback: always 200 (a script tag
-/// runs no other), the status in the body's `status` when it is not 200.
+/// has; an answer as JSONP when `out` names a callback, or as the GIF.
+/// A refusal stays the API's JSON error with its status, whatever was
+/// asked: a 4xx is what a client of any kind must see (a script tag's
+/// `onerror`, an image's), and whoever opens the URL reads why.
 async fn finish(result: Result<Answer, ApiError>, out: Output) -> Response {
     let ignored = matches!(&result, Ok(a) if a.ignored);
     let mut res = match (result, &out) {
@@ -369,20 +371,19 @@ async fn finish(result: Result<Answer, ApiError>, out: Output) -> Response {
         (Ok(a), _) => (a.status, axum::Json(a.body)).into_response(),
         (Err(e), _) => e.into_response(),
     };
-    if let Output::Jsonp(cb) = out {
-        let status = res.status();
+    if let (Output::Jsonp(cb), true) = (out, res.status().is_success()) {
         let (mut parts, body) = res.into_parts();
         let bytes = axum::body::to_bytes(body, 64 * 1024)
             .await
             .unwrap_or_default();
-        let mut value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        if status != StatusCode::OK {
-            if let Some(o) = value.as_object_mut() {
-                o.insert("status".into(), json!(status.as_u16()));
-            }
-        }
-        let js = format!("/**/ typeof {cb} === 'function' && {cb}({value});");
-        parts.status = StatusCode::OK;
+        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        // JSON is JavaScript but for these two, which older engines end
+        // a line at: escaped, a reason quoting them stays one string.
+        let json = value
+            .to_string()
+            .replace('\u{2028}', "\\u2028")
+            .replace('\u{2029}', "\\u2029");
+        let js = format!("/**/ typeof {cb} === 'function' && {cb}({json});");
         parts.headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/javascript; charset=utf-8"),
@@ -421,7 +422,7 @@ async fn finish(result: Result<Answer, ApiError>, out: Output) -> Response {
 fn integer(name: &str, given: Option<&str>) -> Result<Option<i64>, ApiError> {
     given
         .map(|v| {
-            v.trim().parse::<i64>().map_err(|_| {
+            v.parse::<i64>().map_err(|_| {
                 ApiError::BadRequest(format!(
                     "{name} must be an integer from {} to {}; got {v:?}",
                     i64::MIN,
@@ -432,13 +433,14 @@ fn integer(name: &str, given: Option<&str>) -> Result<Option<i64>, ApiError> {
         .transpose()
 }
 
-/// `?admin_key=`, checked against the namespace's record: `Some(true)`
-/// when it is the admin key, `None` when none was given; a wrong one is a
-/// 403 (nothing written), whatever the key's rules would allow.
-fn admitted(records: &Records, ns: &str, given: Option<&str>) -> Result<Option<bool>, ApiError> {
-    let Some(given) = given else { return Ok(None) };
+/// `?admin_key=`, checked against the namespace's record: `true` when it
+/// is the admin key, `false` when none was given; a wrong one is a 403
+/// (nothing written), whatever the key's rules would allow, so a guess
+/// never passes unnoticed.
+fn admitted(records: &Records, ns: &str, given: Option<&str>) -> Result<bool, ApiError> {
+    let Some(given) = given else { return Ok(false) };
     match &records.namespace {
-        Some(n) if n.admits(given) => Ok(Some(true)),
+        Some(n) if n.admits(given) => Ok(true),
         Some(_) => Err(ApiError::Forbidden(format!(
             "admin_key is not the admin key of namespace {ns:?}; nothing was written"
         ))),
@@ -574,7 +576,7 @@ async fn update_in(
         .await?;
     let admin = admitted(&records, &path.namespace, query.admin_key.as_deref())?;
     let rules = records.key.map(|k| k.rules).unwrap_or_default();
-    if admin != Some(true) && !rules.allows(amount) {
+    if !admin && !rules.allows(amount) {
         return Err(ApiError::BadRequest(format!(
             "amount {amount} is outside this key's bounds, update_lowerbound {} to update_upperbound {}; nothing was written (the namespace's admin_key allows any amount)",
             rules.update_lowerbound, rules.update_upperbound
@@ -603,7 +605,7 @@ async fn set_in(
     }
     let admin = admitted(&records, &path.namespace, query.admin_key.as_deref())?;
     let reset = records.key.is_some_and(|k| k.rules.enable_reset);
-    if admin != Some(true) && !reset {
+    if !admin && !reset {
         return Err(ApiError::Forbidden(format!(
             "set needs the admin_key of namespace {:?}, or a key created with enable_reset=1; nothing was written",
             path.namespace
@@ -1015,11 +1017,39 @@ mod tests {
         assert_eq!(callback(None).unwrap(), None);
     }
 
+    #[tokio::test]
+    async fn jsonp_escapes_the_line_separators_and_leaves_refusals_json() {
+        let answer = Answer {
+            status: StatusCode::ACCEPTED,
+            body: json!({"value": 1, "note": "a\u{2028}b\u{2029}c"}),
+            ignored: true,
+        };
+        let res = finish(Ok(answer), Output::Jsonp("cb".into())).await;
+        assert_eq!(res.status(), StatusCode::ACCEPTED);
+        assert_eq!(res.headers()["x-counter-ignored"], "crawler");
+        let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let text = std::str::from_utf8(&body).unwrap();
+        assert!(
+            text.contains("a\\u2028b\\u2029c") && !text.contains(['\u{2028}', '\u{2029}']),
+            "{text}"
+        );
+        let res = finish(
+            Err(ApiError::NotFound("no".into())),
+            Output::Jsonp("cb".into()),
+        )
+        .await;
+        assert_eq!(res.status(), StatusCode::NOT_FOUND);
+        assert_eq!(res.headers()["content-type"], "application/json");
+        assert_eq!(res.headers()["cache-control"], "no-store");
+    }
+
     #[test]
     fn integers_name_their_parameter() {
         assert_eq!(integer("amount", Some("-5")).unwrap(), Some(-5));
         assert_eq!(integer("amount", None).unwrap(), None);
-        for bad in ["1.5", "", "x", "9223372036854775808"] {
+        for bad in ["1.5", "", "x", " 5", "9223372036854775808"] {
             let e = integer("amount", Some(bad)).unwrap_err().to_string();
             assert!(e.starts_with("amount must be an integer"), "{bad}: {e}");
         }
