@@ -504,3 +504,30 @@ async fn img_answers_a_gif_for_an_image_tag() {
     assert_error(&r, 400, "invalid_request", &["callback and img"]);
     assert_eq!(app.value("countapi", "mysite.com", "visits").await, Some(2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_racing_for_a_new_namespace_make_it_once() {
+    let app = TestApp::start().await;
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let url = app.url(&format!(
+            "/countapi/create?namespace=race.example&key=key-{i}"
+        ));
+        let http = app.http.clone();
+        set.spawn(async move { common::read(http.get(url).send().await.unwrap()).await });
+    }
+    let answers = set.join_all().await;
+    let mut admin_keys = Vec::new();
+    for r in &answers {
+        assert_eq!(r.status, 200, "{}", r.text);
+        admin_keys.extend(r.json["admin_key"].as_str().map(str::to_string));
+    }
+    assert_eq!(admin_keys.len(), 1, "{answers:?}");
+    let r = app
+        .get(&format!(
+            "/countapi/set/race.example/key-5?value=3&admin_key={}",
+            admin_keys[0]
+        ))
+        .await;
+    assert_eq!(r.json, json!({"old_value": 0, "value": 3}));
+}

@@ -3082,3 +3082,59 @@ async fn countapi_records_are_created_once_routed_and_hashed() {
     .await;
     assert_eq!((status, body), (200, json!({"old_value": 6, "value": 9})));
 }
+
+/// The tenant's bound on CountAPI namespaces, counted by a search of the
+/// records: a create of a new namespace past it writes nothing; one of an
+/// existing namespace still makes its key.
+#[tokio::test]
+async fn countapi_namespaces_are_bounded_per_tenant() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/create?namespace=ns0&key=first",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    {
+        let mut st = fake.0.lock().unwrap();
+        let index = "counter-gateway_default_countapi".to_string();
+        for i in 1..counter_gateway::domain::countapi::MAX_NAMESPACES {
+            let doc = json!({"kind": "namespace", "namespace": format!("ns{i}"),
+                "admin_key_sha256": "00".repeat(32), "created": 0});
+            st.docs.insert(
+                (index.clone(), format!("ns:ns{i}")),
+                doc.as_object().unwrap().clone(),
+            );
+        }
+    }
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/create?namespace=one-more&key=first",
+        None,
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("namespaces"),
+        "{body}"
+    );
+    let (status, _) = call(&router, "GET", "/countapi/get/one-more/first", None).await;
+    assert_eq!(status, 404);
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/create?namespace=ns0&key=second",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.get("admin_key").is_none(), "{body}");
+}
