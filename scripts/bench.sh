@@ -229,6 +229,25 @@ if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = milestones ]; then
     | tee "$work/milestones.txt"
 fi
 
+# --- CountAPI (issue 25): a page's hit (an increment through the pipeline,
+# answered with the value once fsync'd) against the pixel's increment of the
+# same counter, and a get (a read of the counter, and of the key's record when
+# the counter is missing) against the multi-read of the same one key.
+if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = embedded ]; then
+  curl -s "$base/countapi/hit/bench.example/visits" >/dev/null
+  export CPU_PID=$gpid
+  px_rps=$(wrk_rps countapi-pixel "$base/v1/pixel/countapi/bench.example/visits")
+  hit_rps=$(wrk_rps countapi-hit "$base/countapi/hit/bench.example/visits")
+  cmr_rps=$(wrk_rps countapi-multiread "$base/v1/counters?keys=countapi/bench.example/visits")
+  get_rps=$(wrk_rps countapi-get "$base/countapi/get/bench.example/visits")
+  unset CPU_PID
+  printf '\n%-48s %14s %10s %12s %9s\n' "CountAPI (one counter, embedded store)" "per second" "p99" "server CPU" "/ base"
+  printf '%-48s %14.0f %10s %12s %9s\n' "GET /v1/pixel/countapi/... (base of hit)" "$px_rps" "$(p99 countapi-pixel)" "$(cpu countapi-pixel)" "1.00"
+  printf '%-48s %14.0f %10s %12s %9s\n' "GET /countapi/hit/..." "$hit_rps" "$(p99 countapi-hit)" "$(cpu countapi-hit)" "$(ratio "$hit_rps" "$px_rps")"
+  printf '%-48s %14.0f %10s %12s %9s\n' "GET /v1/counters?keys= (base of get)" "$cmr_rps" "$(p99 countapi-multiread)" "$(cpu countapi-multiread)" "1.00"
+  printf '%-48s %14.0f %10s %12s %9s\n' "GET /countapi/get/..." "$get_rps" "$(p99 countapi-get)" "$(cpu countapi-get)" "$(ratio "$get_rps" "$cmr_rps")"
+fi
+
 # Elasticsearch write path (SPEC §5, issue 3): a second gateway writes to
 # scripts/bench/es_sink.py, a local load sink answering _bulk as Elasticsearch
 # does (every item successful) and counting bulk requests, items and the

@@ -52,6 +52,10 @@ pub enum ApiError {
     /// The addition would leave the signed 64-bit range; nothing was applied.
     #[error("{0}")]
     Overflow(String),
+    /// What the request would create exists already (CountAPI's `create`
+    /// of a key that exists); nothing was written.
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
@@ -100,7 +104,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::HostNotAllowed(_) => StatusCode::MISDIRECTED_REQUEST,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Overflow(_) => StatusCode::CONFLICT,
+            ApiError::Overflow(_) | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Store {
@@ -132,6 +136,7 @@ impl ApiError {
             ApiError::CrossSite(_) => "cross_site_write",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Overflow(_) => "counter_overflow",
+            ApiError::Conflict(_) => "conflict",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Overloaded => "overloaded",

@@ -2069,27 +2069,28 @@ async fn setup_installs_every_object_in_order() {
     let store = store_at(&format!("http://{addr}"));
     let report = store.setup().await.unwrap();
     // Six stored scripts (counter, bucket, average, average bucket,
-    // counter set, actor mark), the ILM policy, seven component and seven
-    // index templates (the last: targets' publication times); then the mark fields added to mark indices an
+    // counter set, actor mark), the ILM policy, eight component and eight
+    // index templates (the last two: targets' publication times, then
+    // CountAPI's records); then the mark fields added to mark indices an
     // earlier version made, and `applied_ops` to counter and bucket indices.
-    assert_eq!(report.installed.len(), 21);
+    assert_eq!(report.installed.len(), 23);
     let calls = fake.0.lock().unwrap().calls.clone();
     let puts: Vec<_> = calls.iter().filter(|c| c.starts_with("PUT")).collect();
-    assert_eq!(puts.len(), 23);
+    assert_eq!(puts.len(), 25);
     assert!(
-        puts[22].starts_with(
+        puts[24].starts_with(
             "PUT /counter-gateway_*_counters,counter-gateway_*_average_counters,\
              counter-gateway_*_histogram_counters-*,counter-gateway_*_average_histogram_counters-*/_mapping"
         ),
         "{}",
-        puts[22]
+        puts[24]
     );
     assert!(
-        puts[21].starts_with(
+        puts[23].starts_with(
             "PUT /counter-gateway_*_actor_marks,counter-gateway_*_actor_day_marks-*/_mapping"
         ),
         "{}",
-        puts[21]
+        puts[23]
     );
     assert!(puts[0].starts_with("PUT /_scripts/counter-gateway-counter-update-v2"));
     assert!(puts[2].starts_with("PUT /_scripts/counter-gateway-average-update-v2"));
@@ -2097,9 +2098,11 @@ async fn setup_installs_every_object_in_order() {
     assert!(puts[4].starts_with("PUT /_scripts/counter-gateway-counter-set-v1"));
     assert!(puts[5].starts_with("PUT /_scripts/counter-gateway-actor-mark-v2"));
     assert!(puts[13].starts_with("PUT /_component_template/counter-gateway-target-mappings"));
-    assert!(puts[17].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
-    assert!(puts[19].starts_with("PUT /_index_template/counter-gateway-actor_day_marks"));
-    assert!(puts[20].starts_with("PUT /_index_template/counter-gateway-targets"));
+    assert!(puts[14].starts_with("PUT /_component_template/counter-gateway-countapi-mappings"));
+    assert!(puts[18].starts_with("PUT /_index_template/counter-gateway-average_histogram_counters"));
+    assert!(puts[20].starts_with("PUT /_index_template/counter-gateway-actor_day_marks"));
+    assert!(puts[21].starts_with("PUT /_index_template/counter-gateway-targets"));
+    assert!(puts[22].starts_with("PUT /_index_template/counter-gateway-countapi"));
 }
 
 #[tokio::test]
@@ -3168,4 +3171,154 @@ async fn first_days_lists_walk_every_page_of_counters_and_buckets() {
         assert_eq!(got, want[..20].to_vec(), "first {days} days");
         assert!(list.exact);
     }
+}
+
+/// CountAPI's records on the fake cluster: a create writes the namespace
+/// and the key once each (`_create`, routed by namespace, refreshed before
+/// the answer), the namespace holding the admin key's SHA-256 and never the
+/// key; the counter is an ordinary counter document; a record read that
+/// meets a recovering shard is asked again.
+#[tokio::test]
+async fn countapi_records_are_created_once_routed_and_hashed() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/create?namespace=mysite.com&key=likes&value=5&enable_reset=1",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let admin = body["admin_key"].as_str().unwrap().to_string();
+    let (status, again) = call(
+        &router,
+        "GET",
+        "/countapi/create?namespace=mysite.com&key=likes",
+        None,
+    )
+    .await;
+    assert_eq!(status, 409, "{again}");
+    {
+        let st = fake.0.lock().unwrap();
+        let index = "counter-gateway_default_countapi".to_string();
+        let ns = &st.docs[&(index.clone(), "ns:mysite.com".to_string())];
+        assert_eq!(ns["kind"], "namespace");
+        assert_eq!(
+            ns["admin_key_sha256"],
+            json!(counter_gateway::auth::digest_hex(&admin))
+        );
+        let key = &st.docs[&(index.clone(), "key:mysite.com/likes".to_string())];
+        assert_eq!(
+            (
+                &key["enable_reset"],
+                &key["update_lowerbound"],
+                &key["update_upperbound"]
+            ),
+            (&json!(true), &json!(-1), &json!(1))
+        );
+        let all = serde_json::to_string(&st.docs.values().collect::<Vec<_>>()).unwrap();
+        assert!(!all.contains(&admin), "the admin key is stored in clear");
+        let creates: Vec<&String> = st
+            .calls
+            .iter()
+            .filter(|c| c.starts_with("PUT /counter-gateway_default_countapi/_create/"))
+            .collect();
+        assert_eq!(creates.len(), 2, "{creates:?}");
+        for c in creates {
+            assert!(
+                c.contains("routing=mysite.com") && c.contains("refresh=wait_for"),
+                "{c}"
+            );
+        }
+        assert_eq!(
+            st.docs[&(
+                "counter-gateway_default_counters".to_string(),
+                "countapi_mysite.com_likes".to_string()
+            )]["value"],
+            json!(5)
+        );
+    }
+    // `update` reads the records first: its GET meets the recovering shard.
+    fake.0.lock().unwrap().get_faults = 2;
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/update/mysite.com/likes?amount=1",
+        None,
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({"value": 6})));
+    assert_eq!(fake.0.lock().unwrap().get_faults, 0);
+    let (status, body) = call(&router, "GET", "/countapi/info/mysite.com/likes", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (&body["value"], &body["enable_reset"]),
+        (&json!(6), &json!(true))
+    );
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/set/mysite.com/likes?value=9",
+        None,
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({"old_value": 6, "value": 9})));
+}
+
+/// The tenant's bound on CountAPI namespaces, counted by a search of the
+/// records: a create of a new namespace past it writes nothing; one of an
+/// existing namespace still makes its key.
+#[tokio::test]
+async fn countapi_namespaces_are_bounded_per_tenant() {
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let router = app(store_at(&format!("http://{addr}")));
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/create?namespace=ns0&key=first",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    {
+        let mut st = fake.0.lock().unwrap();
+        let index = "counter-gateway_default_countapi".to_string();
+        for i in 1..counter_gateway::domain::countapi::MAX_NAMESPACES {
+            let doc = json!({"kind": "namespace", "namespace": format!("ns{i}"),
+                "admin_key_sha256": "00".repeat(32), "created": 0});
+            st.docs.insert(
+                (index.clone(), format!("ns:ns{i}")),
+                doc.as_object().unwrap().clone(),
+            );
+        }
+    }
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/create?namespace=one-more&key=first",
+        None,
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("namespaces"),
+        "{body}"
+    );
+    let (status, _) = call(&router, "GET", "/countapi/get/one-more/first", None).await;
+    assert_eq!(status, 404);
+    let (status, body) = call(
+        &router,
+        "GET",
+        "/countapi/create?namespace=ns0&key=second",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.get("admin_key").is_none(), "{body}");
 }

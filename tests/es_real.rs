@@ -419,9 +419,9 @@ async fn setup_is_idempotent() {
     let store =
         ElasticsearchStore::new(EsConfig::new(&url, &prefix, "default").unwrap(), clock()).unwrap();
     let first = store.setup().await.unwrap();
-    // Six scripts, seven component and seven index templates, and on
+    // Six scripts, eight component and eight index templates, and on
     // Elasticsearch the ILM policy (OpenSearch has no ILM).
-    let want = if first.engine.has_ilm() { 21 } else { 20 };
+    let want = if first.engine.has_ilm() { 23 } else { 22 };
     assert_eq!(first.installed.len(), want, "{first:?}");
     let second = store.setup().await.unwrap();
     assert!(second.installed.is_empty(), "{second:?}");
@@ -2452,4 +2452,111 @@ async fn ranked_averages_past_one_page_match_the_embedded_store() {
         assert_eq!(x["exact"], json!(true), "{path}");
     }
     es.cleanup().await;
+}
+
+/// CountAPI on a real node: two creates of keys of one new namespace at
+/// once make the namespace once (one admin key answered), the records are
+/// in a strict, routed index made without automatic index creation, and
+/// hold the admin key's SHA-256, never the key; the key made answers
+/// `set` with that admin key, and `hit`s count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn countapi_namespaces_are_made_once_in_a_strict_routed_index() {
+    let (es, r) = start().await;
+    let settings = |value: Value| {
+        let es = &es;
+        async move {
+            let resp = es
+                .http
+                .put(format!("{}/_cluster/settings", es.url))
+                .json(&json!({"persistent": {"action.auto_create_index": value}}))
+                .send()
+                .await
+                .unwrap();
+            assert!(resp.status().is_success(), "{}", resp.text().await.unwrap());
+        }
+    };
+    // Only this test's CountAPI index is left to the gateway to create.
+    settings(json!(format!("-{}_*_countapi,+*", es.prefix))).await;
+    let (a, b) = tokio::join!(
+        call(
+            &r,
+            "GET",
+            "/countapi/create?namespace=race.example&key=first&value=3",
+            None
+        ),
+        call(
+            &r,
+            "GET",
+            "/countapi/create?namespace=race.example&key=second",
+            None
+        ),
+    );
+    settings(Value::Null).await;
+    let index = format!("{}_default_countapi", es.prefix);
+    let mapping: Value = es
+        .http
+        .get(format!("{}/{index}/_mapping", es.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let docs: Value = es
+        .http
+        .post(format!("{}/{index}/_search", es.url))
+        .json(&json!({"size": 10, "query": {"match_all": {}}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let admin_keys: Vec<String> = [&a.1, &b.1]
+        .iter()
+        .filter_map(|v| v["admin_key"].as_str().map(str::to_string))
+        .collect();
+    let again = call(
+        &r,
+        "GET",
+        "/countapi/create?namespace=race.example&key=first",
+        None,
+    )
+    .await;
+    let hit = call(&r, "GET", "/countapi/hit/race.example/first", None).await;
+    let set = match admin_keys.first() {
+        Some(k) => {
+            call(
+                &r,
+                "GET",
+                &format!("/countapi/set/race.example/second?value=9&admin_key={k}"),
+                None,
+            )
+            .await
+        }
+        None => (0, Value::Null),
+    };
+    let info = call(&r, "GET", "/countapi/info/race.example/second", None).await;
+    es.cleanup().await;
+    assert_eq!((a.0, b.0), (200, 200), "{} {}", a.1, b.1);
+    assert_eq!(admin_keys.len(), 1, "one admin key: {} {}", a.1, b.1);
+    let m = &mapping[&index]["mappings"];
+    assert_eq!(m["dynamic"], "strict", "{mapping}");
+    assert_eq!(m["_routing"]["required"], true, "{mapping}");
+    let hits = docs["hits"]["hits"].as_array().unwrap();
+    assert_eq!(hits.len(), 3, "{docs}");
+    let ns = hits
+        .iter()
+        .find(|h| h["_source"]["kind"] == "namespace")
+        .unwrap();
+    assert_eq!(
+        ns["_source"]["admin_key_sha256"],
+        json!(counter_gateway::auth::digest_hex(&admin_keys[0]))
+    );
+    assert!(!docs.to_string().contains(&admin_keys[0]), "{docs}");
+    assert_eq!(again.0, 409, "{}", again.1);
+    assert_eq!(hit, (200, json!({"value": 4})));
+    assert_eq!(set, (200, json!({"old_value": 0, "value": 9})));
+    assert_eq!(info.1["value"], 9, "{}", info.1);
 }

@@ -201,13 +201,25 @@ fn authorize(
     gw: &Gateway,
     needed: Role,
 ) -> Result<(String, Option<Role>), ApiError> {
+    authorize_from(parts, gw, needed, true)
+}
+
+/// [`authorize`], with the key read from the `key` query parameter too
+/// when `key_in_query`; CountAPI's `create` has a `key` parameter of its
+/// own (the counter's), so its API key comes in `Authorization` only.
+pub(super) fn authorize_from(
+    parts: &Parts,
+    gw: &Gateway,
+    needed: Role,
+    key_in_query: bool,
+) -> Result<(String, Option<Role>), ApiError> {
     let asked = asked_tenant(parts)?;
     if gw.keys.is_empty() {
         limit(parts, gw, None)?;
         let tenant = asked.map_or(Cow::Borrowed(DEFAULT_TENANT), |t| t);
         return Ok((tenant.into_owned(), None));
     }
-    let grant = limited_grant(parts, gw)?.ok_or_else(missing_key)?;
+    let grant = limited_grant_from(parts, gw, key_in_query)?.ok_or_else(missing_key)?;
     if !grant.role.allows(needed) {
         let needs = match needed {
             Role::Public => "a public or read",
@@ -235,7 +247,15 @@ fn authorize(
 /// The key's grant after the rate limit: a client sending bad keys is
 /// limited (by IP) like any other, so keys cannot be guessed at full speed.
 fn limited_grant<'g>(parts: &Parts, gw: &'g Gateway) -> Result<Option<&'g Grant>, ApiError> {
-    let grant = authenticate(parts, gw);
+    limited_grant_from(parts, gw, true)
+}
+
+fn limited_grant_from<'g>(
+    parts: &Parts,
+    gw: &'g Gateway,
+    key_in_query: bool,
+) -> Result<Option<&'g Grant>, ApiError> {
+    let grant = authenticate_from(parts, gw, key_in_query);
     limit(parts, gw, grant.as_ref().ok().copied().flatten())?;
     grant
 }
@@ -243,6 +263,14 @@ fn limited_grant<'g>(parts: &Parts, gw: &'g Gateway) -> Result<Option<&'g Grant>
 /// The configured key the request presents, `None` when it presents none;
 /// a malformed or unknown key is a 401. Without configured keys, `None`.
 fn authenticate<'g>(parts: &Parts, gw: &'g Gateway) -> Result<Option<&'g Grant>, ApiError> {
+    authenticate_from(parts, gw, true)
+}
+
+fn authenticate_from<'g>(
+    parts: &Parts,
+    gw: &'g Gateway,
+    key_in_query: bool,
+) -> Result<Option<&'g Grant>, ApiError> {
     if gw.keys.is_empty() {
         return Ok(None);
     }
@@ -261,7 +289,8 @@ fn authenticate<'g>(parts: &Parts, gw: &'g Gateway) -> Result<Option<&'g Grant>,
             }
             Some(Cow::Borrowed(token))
         }
-        None => query_param(parts, "key"),
+        None if key_in_query => query_param(parts, "key"),
+        None => None,
     };
     match presented {
         None => Ok(None),
@@ -334,7 +363,7 @@ fn query_param<'a>(parts: &'a Parts, name: &str) -> Option<Cow<'a, str>> {
         .map(|(_, v)| v)
 }
 
-fn tenant_error(e: TenantError) -> ApiError {
+pub(super) fn tenant_error(e: TenantError) -> ApiError {
     match e {
         TenantError::BadName(m) => ApiError::BadRequest(m),
         TenantError::Disabled => ApiError::BadRequest(e.to_string()),

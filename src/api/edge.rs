@@ -145,7 +145,9 @@ pub async fn check_site(State(gw): State<Arc<Gateway>>, req: Request, next: Next
 /// keyless gateway says may answer 403.
 pub(crate) fn writes(method: &Method, path: &str) -> bool {
     match *method {
-        Method::GET => path.starts_with("/v1/pixel/") || is_badge(path),
+        Method::GET => {
+            path.starts_with("/v1/pixel/") || is_badge(path) || super::countapi::writes(path)
+        }
         Method::HEAD | Method::OPTIONS => false,
         Method::POST => path != "/v1/counters/get",
         _ => true,

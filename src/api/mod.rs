@@ -7,6 +7,7 @@
 pub mod access;
 mod averages;
 mod badges;
+mod countapi;
 mod counters;
 pub mod crawlers;
 pub mod dashboard;
@@ -125,6 +126,17 @@ pub(crate) fn table() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(pixel::get))
         .routes(routes!(badges::svg))
         .routes(routes!(badges::shields))
+        .routes(routes!(countapi::hit))
+        .routes(routes!(countapi::hit_default))
+        .routes(routes!(countapi::get))
+        .routes(routes!(countapi::get_default))
+        .routes(routes!(countapi::update))
+        .routes(routes!(countapi::update_default))
+        .routes(routes!(countapi::set))
+        .routes(routes!(countapi::set_default))
+        .routes(routes!(countapi::info))
+        .routes(routes!(countapi::info_default))
+        .routes(routes!(countapi::create))
 }
 
 /// The whole HTTP API over `gw`; `serve` and the tests drive exactly this

@@ -317,6 +317,16 @@ impl IntoResponses for Overflow {
     }
 }
 
+/// 409 of CountAPI's `create`: the key exists already.
+pub struct Exists;
+impl IntoResponses for Exists {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        let mut r = error_response(409);
+        r.description = "The key exists already (`conflict`); nothing written".into();
+        [("409".to_string(), RefOr::T(r))].into()
+    }
+}
+
 /// 304: the asset is unchanged (`If-None-Match`).
 pub struct NotModified;
 impl IntoResponses for NotModified {

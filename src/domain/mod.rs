@@ -7,6 +7,7 @@ mod backfill;
 pub mod badge;
 mod clock;
 mod coalesce;
+pub mod countapi;
 mod counter;
 mod event;
 mod key;

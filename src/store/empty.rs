@@ -152,4 +152,19 @@ impl Store for EmptyStore {
             exact: true,
         })
     }
+
+    async fn countapi_records(
+        &self,
+        _namespace: &str,
+        _key: &str,
+    ) -> Result<crate::domain::countapi::Records, StoreError> {
+        Ok(Default::default())
+    }
+
+    async fn countapi_create(
+        &self,
+        _creation: crate::domain::countapi::Creation,
+    ) -> Result<crate::domain::countapi::Created, StoreError> {
+        Err(StoreError::Internal(NO_WRITES.into()))
+    }
 }

@@ -335,7 +335,30 @@ pub trait Store: Send + Sync + 'static {
     /// The counters with the highest totals over their first days from
     /// publication; see [`FirstDaysQuery`].
     async fn top_first_days(&self, query: &FirstDaysQuery) -> Result<FirstDaysList, StoreError>;
+    /// CountAPI: what `create` recorded of `namespace` and of its `key`
+    /// (`crate::domain::countapi`), read as every acknowledged create left
+    /// it. A default that refuses: a store (or a wrapper) that keeps none
+    /// says so rather than answering that there are none.
+    async fn countapi_records(
+        &self,
+        _namespace: &str,
+        _key: &str,
+    ) -> Result<crate::domain::countapi::Records, StoreError> {
+        Err(StoreError::Internal(NO_COUNTAPI.into()))
+    }
+    /// CountAPI: records a key and, when it has none, its namespace, at
+    /// once or not at all where the store can (see the implementations),
+    /// durably when it answers `Made`.
+    async fn countapi_create(
+        &self,
+        _creation: crate::domain::countapi::Creation,
+    ) -> Result<crate::domain::countapi::Created, StoreError> {
+        Err(StoreError::Internal(NO_COUNTAPI.into()))
+    }
 }
+
+/// Why a store without CountAPI records refuses their calls.
+const NO_COUNTAPI: &str = "this store keeps no CountAPI records";
 
 /// Which keying a store's actor marks have (see `crate::domain::actor`).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -61,6 +61,7 @@
 mod backfill;
 mod client;
 pub mod config;
+mod countapi;
 pub mod indices;
 mod mark_keying;
 mod mark_transfer;
@@ -346,5 +347,20 @@ impl Store for ElasticsearchStore {
         q: &crate::store::FirstDaysQuery,
     ) -> Result<crate::store::FirstDaysList, StoreError> {
         self.top_first_days_es(q).await
+    }
+
+    async fn countapi_records(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<crate::domain::countapi::Records, StoreError> {
+        self.countapi_records_es(namespace, key).await
+    }
+
+    async fn countapi_create(
+        &self,
+        creation: crate::domain::countapi::Creation,
+    ) -> Result<crate::domain::countapi::Created, StoreError> {
+        self.countapi_create_es(creation).await
     }
 }

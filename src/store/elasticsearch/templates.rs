@@ -65,6 +65,10 @@ const COMPONENTS: &[(&str, &str)] = &[
         "target-mappings",
         include_str!("../../../index-templates/component/target-mappings.json"),
     ),
+    (
+        "countapi-mappings",
+        include_str!("../../../index-templates/component/countapi-mappings.json"),
+    ),
 ];
 
 /// `(collection, time-based?, file)`.
@@ -103,6 +107,11 @@ const INDEX_TEMPLATES: &[(&str, bool, &str)] = &[
         "targets",
         false,
         include_str!("../../../index-templates/index/targets.json"),
+    ),
+    (
+        "countapi",
+        false,
+        include_str!("../../../index-templates/index/countapi.json"),
     ),
 ];
 

@@ -70,6 +70,7 @@ pub enum Durability {
 mod backfill;
 mod background;
 mod connections;
+mod countapi;
 mod errors;
 mod flush;
 mod fold;
@@ -669,6 +670,21 @@ impl Store for SqliteStore {
 
     /// One transaction on the writer (between two flushes, as a backfill),
     /// then an fsync of its own: answered only once durable.
+    async fn countapi_records(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<crate::domain::countapi::Records, StoreError> {
+        self.countapi_records_sql(namespace, key).await
+    }
+
+    async fn countapi_create(
+        &self,
+        creation: crate::domain::countapi::Creation,
+    ) -> Result<crate::domain::countapi::Created, StoreError> {
+        self.countapi_create_sql(creation).await
+    }
+
     async fn import(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError> {
         self.check_halted()?;
         let last_write = self.last_write.clone();

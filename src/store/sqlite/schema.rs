@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use super::{marks, publication, queries, sql, windows};
+use super::{countapi, marks, publication, queries, sql, windows};
 use crate::store::StoreError;
 
 /// 2: indexes for top lists and reports, average counters (`queries::SCHEMA_V2`).
@@ -95,6 +95,8 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
     tx.execute_batch(marks::SCHEMA)
         .map_err(sql("schema::migrate"))?;
     tx.execute_batch(publication::SCHEMA)
+        .map_err(sql("schema::migrate"))?;
+    tx.execute_batch(countapi::SCHEMA)
         .map_err(sql("schema::migrate"))?;
     let named = marks::backfill_keys(&tx)?;
     marks::note_keying(&tx)?;
