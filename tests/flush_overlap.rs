@@ -360,8 +360,8 @@ store_wrapper!(
 /// the last one answered, rather than starting with the few that came
 /// while it ran and leaving the many to the flush after (flushes would
 /// alternate between one request and all the others). Time is paused, so
-/// the clients (30 µs apart) always come back before the flusher's wait
-/// for them ends.
+/// the clients (1 ms apart, 16 ms in all) always come back before the
+/// flusher's wait for them ends (5 ms without a request, 20 ms in all).
 #[tokio::test(start_paused = true)]
 async fn each_flush_takes_back_the_clients_the_last_one_answered() {
     let s = start(1);
@@ -378,7 +378,7 @@ async fn each_flush_takes_back_the_clients_the_last_one_answered() {
         },
         Arc::new(Metrics::default()),
     );
-    const CLIENTS: usize = 64;
+    const CLIENTS: usize = 16;
     let mut clients = tokio::task::JoinSet::new();
     for c in 0..CLIENTS {
         let p = pipeline.clone();
@@ -386,7 +386,7 @@ async fn each_flush_takes_back_the_clients_the_last_one_answered() {
             for r in 0..10 {
                 // Answers reach clients, and their next requests the
                 // gateway, spread over a few milliseconds, not all at once.
-                tokio::time::sleep(Duration::from_micros(30 * c as u64)).await;
+                tokio::time::sleep(Duration::from_millis(c as u64)).await;
                 let uuid = format!("c{c}-{r}");
                 p.submit(vec![inc(&uuid, 1, None)], None)
                     .await
@@ -402,7 +402,7 @@ async fn each_flush_takes_back_the_clients_the_last_one_answered() {
     // The first flush starts with the first client alone, the second takes
     // the others; from then on each takes all of them back.
     assert!(
-        sizes.len() <= 12,
+        sizes.len() <= 13,
         "flushes should carry every client, not alternate: {sizes:?}"
     );
     assert!(
@@ -443,7 +443,7 @@ async fn a_lone_request_after_a_wave_waits_for_the_gap_at_most() {
         .expect("applied");
     let waited = started.elapsed();
     assert!(
-        waited < Duration::from_millis(40 + 5),
+        waited < Duration::from_millis(40 + 5 + 1),
         "the lone request waited {waited:?} for a wave that never came"
     );
     assert!(
