@@ -330,3 +330,124 @@ async fn a_store_of_one_bulk_in_flight_runs_one_flush_at_a_time() {
     }
     assert_eq!(s.flights.borrow().most_running, 1);
 }
+
+/// A store whose flushes take a fixed time (as a bulk's round trip does),
+/// apply nothing, and record how many requests each carried.
+struct Timed {
+    inner: Arc<dyn Store>,
+    took: Duration,
+    sizes: std::sync::Mutex<Vec<usize>>,
+}
+
+store_wrapper!(
+    Timed,
+    |self, batch| {
+        self.sizes.lock().unwrap().push(batch.requests.len());
+        tokio::time::sleep(self.took).await;
+        Ok(counter_gateway::store::BatchOutcome {
+            requests: vec![
+                counter_gateway::store::RequestOutcome::Applied { duplicates: 0 };
+                batch.requests.len()
+            ],
+            ..Default::default()
+        })
+    },
+    |_this| 1
+);
+
+/// Clients that each send their next request once answered (as HTTP
+/// clients under load do): every flush takes back the wave of clients
+/// the last one answered, rather than starting with the few that came
+/// while it ran and leaving the many to the flush after (flushes would
+/// alternate between one request and all the others). Time is paused, so
+/// the clients (1 ms apart, 16 ms in all) always come back before the
+/// flusher's wait for them ends (5 ms without a request, 20 ms in all).
+#[tokio::test(start_paused = true)]
+async fn each_flush_takes_back_the_clients_the_last_one_answered() {
+    let s = start(1);
+    let timed = Arc::new(Timed {
+        inner: s.store.clone(),
+        took: Duration::from_millis(40),
+        sizes: Default::default(),
+    });
+    let (pipeline, _flusher) = Pipeline::start(
+        timed.clone(),
+        PipelineConfig {
+            ack_timeout: Duration::from_secs(600),
+            ..PipelineConfig::default()
+        },
+        Arc::new(Metrics::default()),
+    );
+    const CLIENTS: usize = 16;
+    let mut clients = tokio::task::JoinSet::new();
+    for c in 0..CLIENTS {
+        let p = pipeline.clone();
+        clients.spawn(async move {
+            for r in 0..10 {
+                // Answers reach clients, and their next requests the
+                // gateway, spread over a few milliseconds, not all at once.
+                tokio::time::sleep(Duration::from_millis(c as u64)).await;
+                let uuid = format!("c{c}-{r}");
+                p.submit(vec![inc(&uuid, 1, None)], None)
+                    .await
+                    .expect("applied");
+            }
+        });
+    }
+    while let Some(done) = clients.join_next().await {
+        done.unwrap();
+    }
+    let sizes = timed.sizes.lock().unwrap().clone();
+    assert_eq!(sizes.iter().sum::<usize>(), CLIENTS * 10, "{sizes:?}");
+    // The first flush starts with the first client alone, the second takes
+    // the others; from then on each takes all of them back.
+    assert!(
+        sizes.len() <= 13,
+        "flushes should carry every client, not alternate: {sizes:?}"
+    );
+    assert!(
+        sizes[2..sizes.len() - 1].iter().all(|&n| n == CLIENTS),
+        "{sizes:?}"
+    );
+}
+
+/// The wait for a wave is bounded: a client that does not come back (it
+/// stopped sending) holds the next flush back for the wave's gap at most,
+/// not for the last flush's time.
+#[tokio::test(start_paused = true)]
+async fn a_lone_request_after_a_wave_waits_for_the_gap_at_most() {
+    let s = start(1);
+    let timed = Arc::new(Timed {
+        inner: s.store.clone(),
+        took: Duration::from_millis(40),
+        sizes: Default::default(),
+    });
+    let (pipeline, _flusher) = Pipeline::start(
+        timed.clone(),
+        PipelineConfig::default(),
+        Arc::new(Metrics::default()),
+    );
+    let mut many = tokio::task::JoinSet::new();
+    for c in 0..8 {
+        let p = pipeline.clone();
+        many.spawn(async move { p.submit(vec![inc(&format!("m{c}"), 1, None)], None).await });
+    }
+    while let Some(done) = many.join_next().await {
+        done.unwrap().expect("applied");
+    }
+    // The last flush answered several; one request comes alone.
+    let started = tokio::time::Instant::now();
+    pipeline
+        .submit(vec![inc("alone", 1, None)], None)
+        .await
+        .expect("applied");
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_millis(40 + 5 + 1),
+        "the lone request waited {waited:?} for a wave that never came"
+    );
+    assert!(
+        waited >= Duration::from_millis(40),
+        "the flush itself takes 40 ms: {waited:?}"
+    );
+}

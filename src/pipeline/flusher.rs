@@ -157,6 +157,12 @@ enum End {
 trait Writer {
     /// Most flushes applying at once.
     fn limit(&self) -> usize;
+    /// Whether a flush started when none runs waits for the clients the
+    /// last one answered (see [`Wave`]). Worth it where a flush is a round
+    /// trip whose cost grows slower than its size (a bulk request); not for
+    /// the embedded store, whose flushes are cheap and whose group commit
+    /// already gathers what came during an fsync.
+    fn gathers(&self) -> bool;
     /// Flushes started and not yet taken back by [`Writer::next_done`].
     fn running(&self) -> usize;
     fn start(&mut self, flush: Flush);
@@ -187,6 +193,10 @@ impl Writer for AsyncWriter {
         self.limit
     }
 
+    fn gathers(&self) -> bool {
+        true
+    }
+
     fn running(&self) -> usize {
         self.running.len()
     }
@@ -194,7 +204,9 @@ impl Writer for AsyncWriter {
     fn start(&mut self, flush: Flush) {
         let store = self.store.clone();
         self.running.spawn(async move {
-            let started = Instant::now();
+            // Tokio's clock, which a test can pause (the wait for a wave
+            // is measured from it); the same as std's otherwise.
+            let started = tokio::time::Instant::now();
             let result = store.apply(flush.batch).await;
             Done {
                 result,
@@ -229,6 +241,10 @@ struct BlockingWriter {
 impl Writer for BlockingWriter {
     fn limit(&self) -> usize {
         1
+    }
+
+    fn gathers(&self) -> bool {
+        false
     }
 
     fn running(&self) -> usize {
@@ -292,7 +308,11 @@ async fn flush_while_busy(
         let paced = running == 0 || Instant::now() >= last.next(limit);
         if running < limit && paced && queue.has_ready() {
             let until = tokio::time::Instant::now() + config.flush_interval;
-            closing = queue.collect(rx, config, until, closing).await;
+            // A wave comes back once: the next flush takes it.
+            let wave = (running == 0 && writer.gathers())
+                .then(|| std::mem::take(&mut last.answered))
+                .and_then(|answered| last.wave(answered));
+            closing = queue.collect(rx, config, until, wave, closing).await;
             if let Some(flush) = queue.next_flush(config, closing) {
                 last.started = Some(Instant::now());
                 writer.start(flush);
@@ -316,6 +336,7 @@ async fn flush_while_busy(
             done = writer.next_done() => match done {
                 Ok(done) => {
                     last.took = done.took;
+                    last.answered = done.waiting.subs.len();
                     queue.release(&done.waiting.keys);
                     let answers = answers(done.result, done.waiting.subs, metrics, done.waiting.events, done.took);
                     writer.hand_off(answers);
@@ -339,19 +360,63 @@ async fn flush_while_busy(
     }
 }
 
-/// When the last flush started and how long the last one to end took.
+/// When the last flush started, how long the last one to end took, and
+/// how many requests it answered.
 #[derive(Default)]
 struct Pace {
     started: Option<Instant>,
     took: Duration,
+    answered: usize,
 }
 
 impl Pace {
+    /// The wave of requests that `answered` answers will bring back, if
+    /// more than one.
+    fn wave(&self, answered: usize) -> Option<Wave> {
+        (answered > 1).then(|| Wave {
+            requests: answered,
+            until: tokio::time::Instant::now() + (self.took / 2).min(WAVE_MAX_WAIT),
+        })
+    }
+
     /// The earliest start of the next flush while others run.
     fn next(&self, limit: usize) -> Instant {
         let spread = self.took / u32::try_from(limit).unwrap_or(u32::MAX).max(1);
         self.started.map_or_else(Instant::now, |s| s + spread)
     }
+}
+
+/// The longest a flush waits for a wave ([`Wave`]), however long the last
+/// flush took.
+const WAVE_MAX_WAIT: Duration = Duration::from_millis(100);
+/// A wave has ended when no request came for this long: more than a
+/// scheduler's time slice on a machine whose cores are busy (measured
+/// under load: 2 ms cut waves short).
+const WAVE_GAP: Duration = Duration::from_millis(5);
+
+/// The clients a flush answered, coming back.
+///
+/// Under load most requests wait in their flush, and a client sends its
+/// next request once answered. Started at once, the next flush would take
+/// only the few requests that came while the last one ran, and the many it
+/// answered would arrive during that small flush: flushes alternate large
+/// and small (measured on a real node at 2,048 connections: about 1,700
+/// and 100-300 bulk items), and each small one costs a round trip and
+/// coalesces little. Waiting only until as many requests are ready as the
+/// last flush answered is not enough: those that came during it count too,
+/// and flushes settle into a milder alternation (measured: about 1,300 and
+/// 800 items). So a flush started when none runs waits until the requests
+/// ready when it started plus as many as the last flush answered are
+/// ready, until none came for [`WAVE_GAP`], or for half the last flush's
+/// time at most ([`WAVE_MAX_WAIT`] at most): a lone client waits one gap,
+/// never more; steady traffic that does not wait for its answers (beacons)
+/// makes a flush wait for the same number of new requests, which is
+/// coalescing at no more than half a flush's time.
+#[derive(Clone, Copy, Debug)]
+struct Wave {
+    /// How many requests it brings back.
+    requests: usize,
+    until: tokio::time::Instant,
 }
 
 /// The next message: one queued now, else one within `linger` (forever
@@ -485,26 +550,33 @@ impl Queue {
         }
     }
 
-    /// Adds to `ready` whatever is queued, lingering until `until`, until
-    /// the ready hold `max_batch_events`; returns `closing`, set when a
-    /// close came.
+    /// Adds to `ready` whatever is queued, lingering until `until` (and
+    /// for a `wave` while it comes), until the ready hold
+    /// `max_batch_events`; returns `closing`, set when a close came.
     async fn collect(
         &mut self,
         rx: &mut mpsc::UnboundedReceiver<Message>,
         config: &PipelineConfig,
         until: tokio::time::Instant,
+        wave: Option<Wave>,
         mut closing: bool,
     ) -> bool {
         let mut events: usize = self.ready.iter().map(|k| k.sub.events.len()).sum();
+        let wave_ready = wave.map(|w| self.ready.len() + w.requests);
         while !closing && events < config.max_batch_events {
             let msg = match rx.try_recv() {
                 Ok(msg) => msg,
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    if config.flush_interval.is_zero() {
-                        break;
-                    }
-                    match tokio::time::timeout_at(until, rx.recv()).await {
+                    let now = tokio::time::Instant::now();
+                    let deadline = match (wave, wave_ready) {
+                        (Some(w), Some(wanted)) if self.ready.len() < wanted && now < w.until => {
+                            until.max((now + WAVE_GAP).min(w.until))
+                        }
+                        _ if config.flush_interval.is_zero() => break,
+                        _ => until,
+                    };
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
                         Ok(Some(msg)) => msg,
                         Ok(None) | Err(_) => break,
                     }
