@@ -79,18 +79,7 @@ impl fmt::Debug for Keys {
     }
 }
 
-/// SHA-256 of `key`.
-pub fn digest(key: &str) -> [u8; 32] {
-    let d = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
-    let mut out = [0u8; 32];
-    out.copy_from_slice(d.as_ref());
-    out
-}
-
-/// SHA-256 of `key` in lowercase hex: what a key file holds for it.
-pub fn digest_hex(key: &str) -> String {
-    digest(key).iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use crate::domain::{digest, digest_hex};
 
 impl Keys {
     /// Parses entries `<role> <tenant|*> <sha256-hex>`, one per line or

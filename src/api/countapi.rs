@@ -40,16 +40,6 @@ use crate::domain::{format_ms, CounterKey, CounterSet, IncrementSpec};
 use crate::error::ApiError;
 use crate::store::StoreError;
 
-/// Whether a `GET` of `path` writes: `hit`, `update`, `set` and `create`
-/// (for the cross-site check of a keyless gateway).
-pub(crate) fn writes(path: &str) -> bool {
-    ["hit", "update", "set", "create"].iter().any(|verb| {
-        path.strip_prefix("/countapi/")
-            .and_then(|p| p.strip_prefix(verb))
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-    })
-}
-
 /// The tenant's app for `get` and `info`, reads of counters by their
 /// names as the multi-read's: a `public`, `read` or `admin` key, or none
 /// on a keyless gateway. Opens no tenant.
@@ -974,27 +964,6 @@ pub async fn create(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_writing_verbs_are_writes() {
-        for w in [
-            "/countapi/hit/a.com/visits",
-            "/countapi/hit/visits",
-            "/countapi/update/abc",
-            "/countapi/set/abc/def",
-            "/countapi/create",
-        ] {
-            assert!(writes(w), "{w}");
-        }
-        for r in [
-            "/countapi/get/abc",
-            "/countapi/info/abc/def",
-            "/countapi/hits/abc",
-            "/v1/countapi/hit/abc",
-        ] {
-            assert!(!writes(r), "{r}");
-        }
-    }
 
     #[test]
     fn callbacks_are_javascript_names() {

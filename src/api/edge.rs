@@ -145,13 +145,21 @@ pub async fn check_site(State(gw): State<Arc<Gateway>>, req: Request, next: Next
 /// keyless gateway says may answer 403.
 pub(crate) fn writes(method: &Method, path: &str) -> bool {
     match *method {
-        Method::GET => {
-            path.starts_with("/v1/pixel/") || is_badge(path) || super::countapi::writes(path)
-        }
+        Method::GET => path.starts_with("/v1/pixel/") || is_badge(path) || is_countapi_write(path),
         Method::HEAD | Method::OPTIONS => false,
         Method::POST => path != "/v1/counters/get",
         _ => true,
     }
+}
+
+/// Whether a `GET` of `path` is one of CountAPI's calls that write:
+/// `hit`, `update`, `set` and `create` (`src/api/countapi.rs`).
+fn is_countapi_write(path: &str) -> bool {
+    ["hit", "update", "set", "create"].iter().any(|verb| {
+        path.strip_prefix("/countapi/")
+            .and_then(|p| p.strip_prefix(verb))
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
 }
 
 /// A badge's path: it counts only when asked to (`count=true`).
@@ -282,6 +290,27 @@ fn host_name(host: &str) -> Option<&str> {
 mod tests {
     use super::{foreign_page, host_allowed, request_writes, writes};
     use axum::http::{HeaderMap, HeaderValue, Method};
+
+    #[test]
+    fn countapis_writing_verbs_are_writes() {
+        for w in [
+            "/countapi/hit/a.com/visits",
+            "/countapi/hit/visits",
+            "/countapi/update/abc",
+            "/countapi/set/abc/def",
+            "/countapi/create",
+        ] {
+            assert!(writes(&Method::GET, w), "{w}");
+        }
+        for r in [
+            "/countapi/get/abc",
+            "/countapi/info/abc/def",
+            "/countapi/hits/abc",
+            "/v1/countapi/hit/abc",
+        ] {
+            assert!(!writes(&Method::GET, r), "{r}");
+        }
+    }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

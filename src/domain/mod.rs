@@ -9,6 +9,7 @@ mod clock;
 mod coalesce;
 pub mod countapi;
 mod counter;
+mod digest;
 mod event;
 mod key;
 pub mod milestone;
@@ -25,6 +26,7 @@ pub use backfill::{parse_day, CounterSet, DaySet, DaySetSpec};
 pub use clock::{Clock, ManualClock};
 pub use coalesce::{coalesce, AverageDelta, Coalesced, KeyDelta};
 pub use counter::{format_ms, Counter};
+pub use digest::{digest, digest_hex};
 pub use event::{Increment, IncrementSpec, Kind};
 pub use key::{
     decode_doc_id, validate_name, CounterKey, Interner, Part, MAX_DOC_ID_BYTES, MAX_NAME_BYTES,
