@@ -21,6 +21,7 @@ mod ops;
 mod pixel;
 mod queries;
 mod reports;
+pub mod stream;
 mod values;
 
 use std::sync::Arc;
@@ -59,6 +60,9 @@ pub struct Gateway {
     /// `--write-keys-read-values`: answers to a `write` key's increments
     /// and decrements carry the counter (see [`access::Disclosure`]).
     pub write_keys_read_values: bool,
+    /// The live streams (`GET /v1/stream`): their bound and their end at
+    /// shutdown ([`stream::Streams::close`], before the server drains).
+    pub streams: Arc<stream::Streams>,
 }
 
 impl Gateway {
@@ -75,6 +79,7 @@ impl Gateway {
             counters_max_age: None,
             count_crawlers: false,
             write_keys_read_values: false,
+            streams: Arc::default(),
         }
     }
 }
@@ -117,6 +122,7 @@ pub(crate) fn table() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(dashboard::style))
         .routes(routes!(multiread::get))
         .routes(routes!(multiread::post))
+        .routes(routes!(stream::get))
         .routes(routes!(days::put_one))
         .routes(routes!(days::put_many))
         .routes(routes!(pixel::get))
