@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{Method, Uri};
-use common::{assert_error, counter_path, key_line, read, Options, Resp, TestApp};
+use common::sse::{Events, GUARD};
+use common::{assert_error, counter_path, key_line, Options, TestApp};
 use counter_gateway::api::stream::{StreamConfig, Streams};
 use counter_gateway::domain::{ManualClock, TimePolicy};
 use counter_gateway::metrics::Metrics;
@@ -24,119 +25,6 @@ use counter_gateway::store::elasticsearch::ElasticsearchStore;
 use counter_gateway::tenant::Tenants;
 use counter_gateway::{gateway_router, AppState, Gateway, Limits};
 use serde_json::{json, Value};
-
-/// A hang guard, never a timing claim: every wait here ends long before.
-const GUARD: Duration = Duration::from_secs(30);
-
-/// One block of the event stream.
-#[derive(Debug, Default)]
-struct Block {
-    event: Option<String>,
-    id: Option<String>,
-    data: String,
-    comment: Option<String>,
-    retry: Option<String>,
-}
-
-/// An open event stream, read block by block.
-struct Events {
-    res: reqwest::Response,
-    buf: String,
-}
-
-impl Events {
-    /// Opens `GET url`; the answer when it is no stream.
-    async fn open(req: reqwest::RequestBuilder) -> Result<Events, Resp> {
-        let res = req.send().await.expect("GET /v1/stream");
-        if res.status() != 200 {
-            return Err(read(res).await);
-        }
-        Ok(Events {
-            res,
-            buf: String::new(),
-        })
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.res.headers().get(name).and_then(|v| v.to_str().ok())
-    }
-
-    /// The next block, `None` once the stream ended.
-    async fn block(&mut self) -> Option<Block> {
-        loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let text: String = self.buf.drain(..end + 2).collect();
-                let mut b = Block::default();
-                for line in text.lines() {
-                    if let Some(c) = line.strip_prefix(':') {
-                        b.comment = Some(c.trim().to_string());
-                    } else if let Some((field, value)) = line.split_once(':') {
-                        let value = value.strip_prefix(' ').unwrap_or(value).to_string();
-                        match field {
-                            "event" => b.event = Some(value),
-                            "id" => b.id = Some(value),
-                            "data" => b.data.push_str(&value),
-                            "retry" => b.retry = Some(value),
-                            other => panic!("unknown field {other:?} in {text:?}"),
-                        }
-                    }
-                }
-                return Some(b);
-            }
-            let chunk = tokio::time::timeout(GUARD, self.res.chunk())
-                .await
-                .expect("the stream went silent")
-                .expect("reading the stream");
-            match chunk {
-                Some(bytes) => self
-                    .buf
-                    .push_str(std::str::from_utf8(&bytes).expect("UTF-8")),
-                None => {
-                    assert!(self.buf.is_empty(), "a cut block: {:?}", self.buf);
-                    return None;
-                }
-            }
-        }
-    }
-
-    /// The next `counter` event's data, skipping comments and the retry hint.
-    async fn counter(&mut self) -> Value {
-        loop {
-            let b = self.block().await.expect("the stream ended");
-            if b.event.as_deref() == Some("counter") {
-                assert!(b.id.is_some(), "{b:?}");
-                return serde_json::from_str(&b.data).expect("JSON data");
-            }
-            assert!(b.event.is_none() && b.data.is_empty(), "{b:?}");
-        }
-    }
-
-    /// Counter events until one of `uuid` has `value`, all of them.
-    async fn until(&mut self, uuid: &str, value: i64) -> Vec<Value> {
-        let mut seen = Vec::new();
-        loop {
-            let c = self.counter().await;
-            let done = c["uuid"] == uuid && c["value"] == value;
-            seen.push(c);
-            if done {
-                return seen;
-            }
-        }
-    }
-
-    /// Reads until `n` keep-alive comments came (time passed with nothing
-    /// to send); panics on any counter event meanwhile.
-    async fn keep_alives(&mut self, n: usize) {
-        let mut got = 0;
-        while got < n {
-            let b = self.block().await.expect("the stream ended");
-            assert!(b.event.is_none(), "an event while idle: {b:?}");
-            if b.comment.as_deref() == Some("keep-alive") {
-                got += 1;
-            }
-        }
-    }
-}
 
 fn quick() -> StreamConfig {
     StreamConfig {
@@ -398,6 +286,62 @@ async fn streams_over_the_bound_are_refused_with_503_and_retry_after() {
     }
     let mut c = stream(&app, "keys=A/V/z").await;
     assert_eq!(c.counter().await["uuid"], "z");
+}
+
+#[tokio::test]
+async fn a_reader_that_stops_reading_is_dropped_not_buffered() {
+    let app = app_with(
+        StreamConfig {
+            interval: Duration::from_millis(10),
+            stall: Duration::from_millis(200),
+            ..quick()
+        },
+        String::new(),
+    )
+    .await;
+    let uuids: Vec<String> = (0..100)
+        .map(|i| format!("u{i:03}-{}", "p".repeat(60)))
+        .collect();
+    let keys: Vec<String> = uuids.iter().map(|u| format!("A/V/{u}")).collect();
+    // A client that asks and never reads, with a small receive window.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let addr: SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
+    let mut conn = socket.connect(addr).await.unwrap();
+    let request = format!(
+        "GET /v1/stream?keys={} HTTP/1.1\r\nHost: {addr}\r\n\r\n",
+        keys.join(",")
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut conn, request.as_bytes())
+        .await
+        .unwrap();
+    loop {
+        if app.metric("counter_gateway_streams_open").await == 1.0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    // Every key changes at every write: an event of each per interval,
+    // until what the reader left unread fills every buffer on the way.
+    let events: Vec<Value> = uuids
+        .iter()
+        .map(|u| json!({"entity": "A", "action": "V", "uuid": u}))
+        .collect();
+    let dropped = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let r = app.post("/v1/events", json!({"events": events})).await;
+            assert_eq!(r.status, 200, "{}", r.text);
+            if app.metric("counter_gateway_streams_dropped_total").await >= 1.0 {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(dropped.is_ok(), "the stalled stream was never dropped");
+    // The other streams go on.
+    let mut s = stream(&app, "keys=A/V/x").await;
+    s.counter().await;
+    drop(conn);
 }
 
 #[tokio::test]

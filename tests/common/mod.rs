@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod chromium;
+pub mod sse;
 
 use std::path::Path;
 use std::sync::Arc;
