@@ -753,6 +753,19 @@ mod tests {
     }
 
     #[test]
+    fn live_streams_take_an_interval_of_10ms_or_more_and_a_bound() {
+        let a = parse(&[]);
+        assert_eq!(a.streams().interval, Duration::from_secs(1));
+        assert_eq!(a.streams().max_streams, 10_000);
+        let a = parse(&["--stream-interval", "250ms", "--max-streams", "5"]);
+        assert!(a.validate().is_ok());
+        assert_eq!(a.streams().interval, Duration::from_millis(250));
+        assert_eq!(a.streams().max_streams, 5);
+        let e = parse(&["--stream-interval", "5ms"]).validate().unwrap_err();
+        assert!(e.contains("--stream-interval"), "{e}");
+    }
+
+    #[test]
     fn the_counters_cache_max_age_is_whole_seconds_or_absent() {
         assert_eq!(parse(&[]).counters_cache_max_age, None);
         let a = parse(&["--counters-cache-max-age", "1m"]);

@@ -191,7 +191,6 @@ impl Streams {
         };
         let mut state = watched.state.lock().expect("watched lock");
         let slot = Arc::new(Slot {
-            since: state.round,
             pending: Mutex::new(vec![None; keys.len()]),
             notify: Notify::new(),
             taken_ms: AtomicU64::new(self.now_ms()),
@@ -226,9 +225,6 @@ struct Watched {
 #[derive(Default)]
 struct WatchState {
     keys: HashMap<CounterKey, KeyWatch>,
-    /// Polls begun so far: a stream registered after a poll began read its
-    /// counters itself later, so that poll's (older) values skip it.
-    round: u64,
     streams: usize,
 }
 
@@ -251,7 +247,6 @@ struct Update {
 /// A stream's mailbox: at most one update per key (a newer one replaces an
 /// untaken one), so a stream never holds more than its keys' entries.
 struct Slot {
-    since: u64,
     pending: Mutex<Vec<Option<Update>>>,
     notify: Notify,
     /// When the response last took an event ([`Streams::now_ms`]).
@@ -382,10 +377,9 @@ async fn poll(
         if !shared && last == (store, changes) {
             continue;
         }
-        let (round, keys) = {
-            let mut state = watched.state.lock().expect("watched lock");
-            state.round += 1;
-            (state.round, state.keys.keys().cloned().collect::<Vec<_>>())
+        let keys: Vec<CounterKey> = {
+            let state = watched.state.lock().expect("watched lock");
+            state.keys.keys().cloned().collect()
         };
         let mut values = Vec::with_capacity(keys.len());
         let mut failed = false;
@@ -429,10 +423,12 @@ async fn poll(
                 fingerprint: fp,
                 json: entry_json(key, value.as_ref()).into(),
             };
+            // A stream that joined while this poll read may get an entry
+            // older than its own first read: the write between the two
+            // moved the tenant's write count, so the next poll sends the
+            // newer one, within an interval.
             for (slot, pos) in &kw.watchers {
-                if slot.since < round
-                    && !slot.put(*pos, update.clone(), now_ms, streams.config.stall)
-                {
+                if !slot.put(*pos, update.clone(), now_ms, streams.config.stall) {
                     streams.dropped.fetch_add(1, Relaxed);
                     tracing::info!(%tenant, "live streams: a stream's reader stopped taking events; the stream is ended");
                 }
@@ -603,7 +599,6 @@ mod tests {
 
     fn slot(taken_ms: u64) -> Slot {
         Slot {
-            since: 0,
             pending: Mutex::new(vec![None, None]),
             notify: Notify::new(),
             taken_ms: AtomicU64::new(taken_ms),
