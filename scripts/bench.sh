@@ -263,6 +263,28 @@ if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = streams ]; then
     echo "  (CPU idle: the gateway's user + system time over the window, as a share of one core)"
   fi
   kill "$stpid" 2>/dev/null || true
+  # The same number of idle keep-alive connections that asked /healthz
+  # once: what a connection alone costs, beside a stream.
+  stport=$(free_port)
+  NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$stport" --data-dir "$work/conns-data" \
+    >"$work/conns-gateway.log" 2>&1 &
+  stpid=$!
+  pids+=("$stpid")
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$stport/healthz" >/dev/null && break; sleep 0.1; done
+  curl -sf "http://127.0.0.1:$stport/v1/counters?keys=STREAM/VIEW/s0" >/dev/null
+  rss_before=$(rss_kib "$stpid")
+  python3 scripts/bench/streams.py "http://127.0.0.1:$stport" "$STREAMS" 5 /healthz \
+    >"$work/conns-client.txt" 2>&1 &
+  cpid=$!
+  pids+=("$cpid")
+  for _ in $(seq 600); do grep -q '^open' "$work/conns-client.txt" && break; sleep 0.5; done
+  sleep 3
+  rss_open=$(rss_kib "$stpid")
+  wait "$cpid" || true
+  printf '%-44s %12s %10d KiB %10d KiB %10.1f KiB\n' "$STREAMS idle connections after GET /healthz" \
+    "$(awk '/^held/ {print $2}' "$work/conns-client.txt")" "$rss_before" "$rss_open" \
+    "$(awk -v a="$rss_open" -v b="$rss_before" -v n="$STREAMS" 'BEGIN {print (a - b) / n}')"
+  kill "$stpid" 2>/dev/null || true
   [ "${BENCH_ONLY:-}" = streams ] && exit 0
 fi
 
