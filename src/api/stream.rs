@@ -353,6 +353,13 @@ async fn poll(
     let mut closed = streams.closed.subscribe();
     // The store read last and the tenant's write count before that read.
     let mut last = read;
+    // A store whose writes are not this process's alone (its writes are no
+    // local blocking calls: Elasticsearch, which every gateway of the
+    // cluster writes) is read every interval. Every tenant's store is of
+    // the default's kind.
+    let shared = tenants.default_tenant().store.blocking_writes().is_none();
+    // On such a store, how a tenant that is not open here is read.
+    let mut read_through = None;
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
@@ -361,19 +368,24 @@ async fn poll(
         if watched.state.lock().expect("watched lock").streams == 0 {
             return;
         }
-        let app = match tenants.reader(&tenant).await {
-            Ok(app) => app,
-            Err(e) => {
-                tracing::debug!(%tenant, error = %e, "live streams: the tenant cannot be read now");
-                continue;
-            }
+        let app = match tenants.open_app(&tenant) {
+            Some(app) => app,
+            // An embedded tenant that is not open: nothing changes it until
+            // a write opens it (a new store, read then).
+            None if !shared => continue,
+            None => match &read_through {
+                Some(app) => Arc::clone(app),
+                None => match tenants.reader(&tenant).await {
+                    Ok(app) => read_through.insert(app).clone(),
+                    Err(e) => {
+                        tracing::debug!(%tenant, error = %e, "live streams: the tenant cannot be read now");
+                        continue;
+                    }
+                },
+            },
         };
         let changes = app.pipeline.changes();
         let store = store_id(&app);
-        // A store whose writes are not this process's alone (its writes
-        // are no local blocking calls: Elasticsearch, which every gateway
-        // of the cluster writes) is read every interval.
-        let shared = app.store.blocking_writes().is_none();
         if !shared && last == (store, changes) {
             continue;
         }
