@@ -253,6 +253,35 @@ async fn the_multi_reads_key_roles_and_tenants_apply() {
 }
 
 #[tokio::test]
+async fn a_streamed_tenant_still_closes_when_idle_and_its_writes_arrive_after_reopening() {
+    let app = app_with(quick(), String::new()).await;
+    let write = |count: i64| {
+        app.http
+            .post(app.url(&counter_path("A", "V", "x", "/increment")))
+            .header("x-tenant", "acme")
+            .json(&json!({"count": count}))
+    };
+    assert_eq!(app.send(write(1)).await.status, 200);
+    let mut s = Events::open(
+        app.http
+            .get(app.url("/v1/stream?keys=A/V/x"))
+            .header("x-tenant", "acme"),
+    )
+    .await
+    .unwrap_or_else(|r| panic!("{}", r.text));
+    assert_eq!(s.counter().await["value"], 1);
+    assert_eq!(app.send(write(1)).await.status, 200);
+    s.until("x", 2).await;
+    // The stream holds nothing of the tenant: it closes when idle.
+    assert_eq!(app.tenants.close_idle(Duration::ZERO), 1);
+    s.keep_alives(2).await;
+    assert_eq!(app.metric("counter_gateway_tenants").await, 1.0);
+    // A write opens it again (another store): the stream follows it.
+    assert_eq!(app.send(write(3)).await.status, 200);
+    s.until("x", 5).await;
+}
+
+#[tokio::test]
 async fn streams_over_the_bound_are_refused_with_503_and_retry_after() {
     let app = app_with(
         StreamConfig {
