@@ -397,8 +397,9 @@ pub struct ServeArgs {
     pub stream_interval: Duration,
 
     /// Most live streams open at once, over every tenant; beyond it a new
-    /// one gets 503 with Retry-After. Each idle stream holds a connection
-    /// and a few KiB (scripts/bench/README.md).
+    /// one gets 503 with Retry-After. An idle stream holds a connection
+    /// and about 40 KiB of memory: 10,000 about 400 MiB
+    /// (scripts/bench/README.md).
     #[arg(long, env = "COUNTER_GATEWAY_MAX_STREAMS", default_value_t = crate::api::stream::DEFAULT_MAX_STREAMS)]
     pub max_streams: usize,
 }
