@@ -11,6 +11,7 @@
 #   NODE_WARMUP=0 ... # no warm-up load on the node before its rows (default 8s)
 #   BENCH_ONLY=embedded scripts/bench.sh # only the embedded store's table (SPEC §5 ratios)
 #   BENCH_ONLY=milestones MILESTONE_COUNTERS=1000000 scripts/bench.sh # first_N_days lists (issue 24)
+#   BENCH_ONLY=streams scripts/bench.sh  # only 10,000 idle live streams (CPU and memory)
 #   BENCH_BIN=path/to/counter-gateway scripts/bench.sh # measure another build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -228,6 +229,7 @@ if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = milestones ]; then
   printf '\nmilestones: first_N_days top lists (embedded store)\n'
   python3 scripts/bench/milestones.py "$base" "${MILESTONE_COUNTERS:-1000000}" "${MILESTONE_RUNS:-5}" \
     | tee "$work/milestones.txt"
+  [ "${BENCH_ONLY:-}" = milestones ] && exit 0
 fi
 
 # --- CountAPI (issue 25): a page's hit (an increment through the pipeline,
@@ -247,6 +249,77 @@ if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = embedded ]; then
   printf '%-48s %14.0f %10s %12s %9s\n' "GET /countapi/hit/..." "$hit_rps" "$(p99 countapi-hit)" "$(cpu countapi-hit)" "$(ratio "$hit_rps" "$px_rps")"
   printf '%-48s %14.0f %10s %12s %9s\n' "GET /v1/counters?keys= (base of get)" "$cmr_rps" "$(p99 countapi-multiread)" "$(cpu countapi-multiread)" "1.00"
   printf '%-48s %14.0f %10s %12s %9s\n' "GET /countapi/get/..." "$get_rps" "$(p99 countapi-get)" "$(cpu countapi-get)" "$(ratio "$get_rps" "$cmr_rps")"
+fi
+
+# --- Live streams (issue 25): STREAMS (10,000) idle `GET /v1/stream`
+# connections, each watching its own counter, held by scripts/bench/streams.py
+# against a fresh gateway (embedded store, default --stream-interval and
+# --max-streams). Reported: the gateway's resident memory before and with
+# the streams open (and the difference per stream), and its CPU over
+# STREAMS_IDLE seconds of holding them (keep-alive comments every 15 s; no
+# writes, so the pollers read nothing).
+if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = streams ]; then
+  STREAMS=${STREAMS:-10000}
+  STREAMS_IDLE=${STREAMS_IDLE:-30}
+  rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+  stport=$(free_port)
+  NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$stport" --data-dir "$work/streams-data" \
+    >"$work/streams-gateway.log" 2>&1 &
+  stpid=$!
+  pids+=("$stpid")
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$stport/healthz" >/dev/null && break; sleep 0.1; done
+  # One request of each kind first, so the baseline has the router's lazy parts.
+  curl -sf "http://127.0.0.1:$stport/v1/counters?keys=STREAM/VIEW/s0" >/dev/null
+  rss_before=$(rss_kib "$stpid")
+  python3 scripts/bench/streams.py "http://127.0.0.1:$stport" "$STREAMS" "$((STREAMS_IDLE + 10))" \
+    >"$work/streams-client.txt" 2>&1 &
+  cpid=$!
+  pids+=("$cpid")
+  for _ in $(seq 600); do grep -q '^open' "$work/streams-client.txt" && break; sleep 0.5; done
+  if ! grep -q '^open' "$work/streams-client.txt"; then
+    echo "live streams: the client did not open $STREAMS streams:"; tail -5 "$work/streams-client.txt"
+  else
+    sleep 3
+    rss_open=$(rss_kib "$stpid")
+    open_now=$(curl -sf "http://127.0.0.1:$stport/metrics" | awk '/^counter_gateway_streams_open / {print $2}')
+    t0=$(cpu_ticks "$stpid")
+    sleep "$STREAMS_IDLE"
+    t1=$(cpu_ticks "$stpid")
+    rss_after=$(rss_kib "$stpid")
+    reads=$(curl -sf "http://127.0.0.1:$stport/metrics" | awk '/^counter_gateway_stream_reads_total / {print $2}')
+    wait "$cpid" || true
+    hz=$(getconf CLK_TCK)
+    printf '\n%-44s %12s %12s %12s %14s %12s\n' "live streams (embedded store)" "open" "RSS before" "RSS open" "per stream" "CPU idle"
+    printf '%-44s %12s %10d KiB %10d KiB %10.1f KiB %11s\n' "$STREAMS idle GET /v1/stream, ${STREAMS_IDLE} s" "$open_now" \
+      "$rss_before" "$rss_open" "$(awk -v a="$rss_open" -v b="$rss_before" -v n="$STREAMS" 'BEGIN {print (a - b) / n}')" \
+      "$(awk -v d="$((t1 - t0))" -v hz="$hz" -v s="$STREAMS_IDLE" 'BEGIN {printf "%.2f%%", 100 * d / hz / s}')"
+    echo "  RSS after the idle window: $rss_after KiB; poller reads meanwhile: $reads; client: $(tr '\n' ' ' <"$work/streams-client.txt")"
+    echo "  (CPU idle: the gateway's user + system time over the window, as a share of one core)"
+  fi
+  kill "$stpid" 2>/dev/null || true
+  # The same number of idle keep-alive connections that asked /healthz
+  # once: what a connection alone costs, beside a stream.
+  stport=$(free_port)
+  NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$stport" --data-dir "$work/conns-data" \
+    >"$work/conns-gateway.log" 2>&1 &
+  stpid=$!
+  pids+=("$stpid")
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$stport/healthz" >/dev/null && break; sleep 0.1; done
+  curl -sf "http://127.0.0.1:$stport/v1/counters?keys=STREAM/VIEW/s0" >/dev/null
+  rss_before=$(rss_kib "$stpid")
+  python3 scripts/bench/streams.py "http://127.0.0.1:$stport" "$STREAMS" 5 /healthz \
+    >"$work/conns-client.txt" 2>&1 &
+  cpid=$!
+  pids+=("$cpid")
+  for _ in $(seq 600); do grep -q '^open' "$work/conns-client.txt" && break; sleep 0.5; done
+  sleep 3
+  rss_open=$(rss_kib "$stpid")
+  wait "$cpid" || true
+  printf '%-44s %12s %10d KiB %10d KiB %10.1f KiB\n' "$STREAMS idle connections after GET /healthz" \
+    "$(awk '/^held/ {print $2}' "$work/conns-client.txt")" "$rss_before" "$rss_open" \
+    "$(awk -v a="$rss_open" -v b="$rss_before" -v n="$STREAMS" 'BEGIN {print (a - b) / n}')"
+  kill "$stpid" 2>/dev/null || true
+  [ "${BENCH_ONLY:-}" = streams ] && exit 0
 fi
 
 # Elasticsearch write path (SPEC §5, issue 3): a second gateway writes to

@@ -387,6 +387,21 @@ pub struct ServeArgs {
     /// changes nothing is a free read).
     #[arg(long, env = "COUNTER_GATEWAY_WRITE_KEYS_READ_VALUES")]
     pub write_keys_read_values: bool,
+
+    /// Live streams (`GET /v1/stream`): the shortest time between two
+    /// events of one counter (changes within it are coalesced, the latest
+    /// value wins), and how often the watched counters are read (on
+    /// Elasticsearch every interval, for writes through other gateways;
+    /// on the embedded store only after writes). At least 10ms.
+    #[arg(long, env = "COUNTER_GATEWAY_STREAM_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub stream_interval: Duration,
+
+    /// Most live streams open at once, over every tenant; beyond it a new
+    /// one gets 503 with Retry-After. An idle stream holds a connection
+    /// and about 40 KiB of memory: 10,000 about 400 MiB
+    /// (scripts/bench/README.md).
+    #[arg(long, env = "COUNTER_GATEWAY_MAX_STREAMS", default_value_t = crate::api::stream::DEFAULT_MAX_STREAMS)]
+    pub max_streams: usize,
 }
 
 impl ServeArgs {
@@ -400,6 +415,9 @@ impl ServeArgs {
         }
         if self.max_body_bytes < 1024 {
             return Err("--max-body-bytes must be at least 1024".into());
+        }
+        if self.stream_interval < Duration::from_millis(10) {
+            return Err("--stream-interval must be at least 10ms".into());
         }
         let share = self.tenant_queue_share;
         let events = crate::pipeline::share_of(self.queue_capacity, share);
@@ -518,6 +536,14 @@ impl ServeArgs {
             unique_max_age: chrono::Duration::from_std(self.unique_max_age)
                 .unwrap_or(crate::domain::DEFAULT_UNIQUE_MAX_AGE),
             ..self.store.time_policy()
+        }
+    }
+
+    pub fn streams(&self) -> crate::api::stream::StreamConfig {
+        crate::api::stream::StreamConfig {
+            interval: self.stream_interval,
+            max_streams: self.max_streams,
+            ..Default::default()
         }
     }
 
@@ -725,6 +751,19 @@ mod tests {
             let e = parse(&["--unique-max-age", bad]).validate().unwrap_err();
             assert!(e.contains("--unique-max-age"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn live_streams_take_an_interval_of_10ms_or_more_and_a_bound() {
+        let a = parse(&[]);
+        assert_eq!(a.streams().interval, Duration::from_secs(1));
+        assert_eq!(a.streams().max_streams, 10_000);
+        let a = parse(&["--stream-interval", "250ms", "--max-streams", "5"]);
+        assert!(a.validate().is_ok());
+        assert_eq!(a.streams().interval, Duration::from_millis(250));
+        assert_eq!(a.streams().max_streams, 5);
+        let e = parse(&["--stream-interval", "5ms"]).validate().unwrap_err();
+        assert!(e.contains("--stream-interval"), "{e}");
     }
 
     #[test]

@@ -159,7 +159,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         counters_max_age: args.counters_cache_max_age,
         count_crawlers: args.count_crawlers,
         write_keys_read_values: args.write_keys_read_values,
+        streams: Arc::new(api::stream::Streams::new(args.streams())),
     };
+    let streams = gateway.streams.clone();
     let tenants = gateway.tenants.clone();
     Tenants::spawn_idle_closer(&tenants, args.tenant_idle_timeout);
     let app = api::gateway_router(gateway)?;
@@ -179,7 +181,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         listener,
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown_signal())
+    .with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        // Live streams never end on their own: the server would wait for
+        // them forever.
+        streams.close();
+    })
     .await
     .map_err(|e| format!("server error: {e}"))?;
 

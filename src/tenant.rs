@@ -464,6 +464,17 @@ impl Tenants {
         }
     }
 
+    /// The app of `tenant` if it is open (the default always is), without
+    /// marking it used: the live streams' pollers look often, and a tenant
+    /// only streamed may still close when idle.
+    pub fn open_app(&self, tenant: &str) -> Option<Arc<AppState>> {
+        if tenant == DEFAULT_TENANT {
+            return Some(self.default.clone());
+        }
+        let others = self.others.read().expect("tenants lock");
+        others.get(tenant).map(|open| open.app.clone())
+    }
+
     /// The open tenant's app, marked as used now.
     fn lookup(&self, tenant: &str) -> Option<Arc<AppState>> {
         let others = self.others.read().expect("tenants lock");

@@ -425,3 +425,58 @@ async fn the_refresh_interval_from_a_link_is_held_within_bounds_and_the_page_say
     assert_eq!(span_text(&dom, "refresh-note"), "automatic refresh is off");
     assert_eq!(refreshes(&dom), 1);
 }
+
+/// The store, with top lists that show every value as 0: what the page
+/// shows beyond that came through the live stream.
+struct ZeroTops {
+    store: std::sync::Arc<dyn counter_gateway::store::Store>,
+}
+
+impl std::ops::Deref for ZeroTops {
+    type Target = dyn counter_gateway::store::Store;
+    fn deref(&self) -> &Self::Target {
+        &*self.store
+    }
+}
+
+impl ZeroTops {
+    async fn top(
+        &self,
+        q: &counter_gateway::store::TopQuery,
+    ) -> Result<counter_gateway::store::TopList, counter_gateway::store::StoreError> {
+        let mut list = self.store.top(q).await?;
+        list.entries.iter_mut().for_each(|e| e.value = 0);
+        Ok(list)
+    }
+}
+
+struct Zeroed {
+    inner: ZeroTops,
+}
+
+store_wrapper!(Zeroed, |self, batch| { self.inner.apply(batch).await });
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium (scripts/test.sh installs it and runs this with --ignored)"]
+async fn the_top_lists_values_follow_the_live_stream() {
+    let app = TestApp::start_wrapped(Options::default(), |store| {
+        std::sync::Arc::new(Zeroed {
+            inner: ZeroTops { store },
+        })
+    })
+    .await;
+    fill(&app, None).await;
+    // No automatic refresh: one top list, every value 0 in it; the values
+    // shown are the stream's.
+    let dom = dump_dom(format!(
+        "{}#entity=VIDEO&action=VIEW&refresh=0",
+        app.url("/dashboard")
+    ))
+    .await;
+    assert_eq!(
+        top_rows(&dom),
+        rows(&[("a", 11), ("b", 8), ("c", 2), ("old", 1), ("older", 1)]),
+        "{dom}"
+    );
+    assert!(dom.contains("data-live-events=\""), "{dom}");
+}

@@ -2560,3 +2560,63 @@ async fn countapi_namespaces_are_made_once_in_a_strict_routed_index() {
     assert_eq!(set, (200, json!({"old_value": 0, "value": 9})));
     assert_eq!(info.1["value"], 9, "{}", info.1);
 }
+
+/// Live updates on a cluster: a stream on one gateway shows the writes
+/// made through another gateway of the same cluster (its poll, one `_mget`
+/// of the watched counters per interval), its own, and a delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn a_stream_shows_writes_made_through_another_gateway() {
+    let (es, streaming) = start().await;
+    let other = es_router(&es.url, &es.prefix, clock()).await;
+    call(
+        &other,
+        "POST",
+        "/v1/counters/S/view/x/increment",
+        Some(json!({"count": 2})),
+    )
+    .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = streaming.clone();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            served.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await
+        .unwrap()
+    });
+    let mut s = common::sse::Events::open(
+        common::client().get(format!("http://{addr}/v1/stream?keys=S/view/x,S/view/y")),
+    )
+    .await
+    .unwrap_or_else(|r| panic!("{} {}", r.status, r.text));
+    // The current values at once, by a realtime read: no refresh needed.
+    let x = s.counter().await;
+    assert_eq!((&x["found"], &x["value"]), (&json!(true), &json!(2)), "{x}");
+    assert_eq!(s.counter().await["found"], false);
+    // Through the other gateway: this one learns of it by its poll only.
+    let (st, _) = call(
+        &other,
+        "POST",
+        "/v1/counters/S/view/x/increment",
+        Some(json!({"count": 3})),
+    )
+    .await;
+    assert_eq!(st, 200);
+    s.until("x", 5).await;
+    let (st, _) = call(&other, "POST", "/v1/counters/S/view/y/increment", None).await;
+    assert_eq!(st, 200);
+    s.until("y", 1).await;
+    // Through this one, then deleted through the other.
+    let (st, _) = call(&streaming, "POST", "/v1/counters/S/view/x/increment", None).await;
+    assert_eq!(st, 200);
+    s.until("x", 6).await;
+    let (st, _) = call(&other, "DELETE", "/v1/counters/S/view/x", None).await;
+    assert_eq!(st, 200);
+    let gone = s.until("x", 0).await.pop().unwrap();
+    assert_eq!(gone["found"], false, "{gone}");
+    drop(s);
+    es.cleanup().await;
+}

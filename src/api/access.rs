@@ -108,6 +108,8 @@ impl FromRequestParts<Arc<Gateway>> for CounterWriter {
 /// (`read`, `admin`) key, which a CDN ignoring `Vary` would hand out.
 pub struct CounterReader {
     pub app: Arc<AppState>,
+    /// The tenant's name: a live stream finds the tenant's app again by it.
+    pub tenant: String,
     pub public: bool,
     pub shareable: bool,
 }
@@ -120,6 +122,7 @@ impl FromRequestParts<Arc<Gateway>> for CounterReader {
         let app = gw.tenants.reader(&tenant).await.map_err(tenant_error)?;
         Ok(CounterReader {
             app,
+            tenant,
             public: role == Some(Role::Public),
             shareable: matches!(role, None | Some(Role::Public)),
         })

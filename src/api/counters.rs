@@ -243,7 +243,9 @@ pub async fn delete(
     PathParams(path): PathParams<KeyPath>,
 ) -> Result<Json<Deleted>, ApiError> {
     let key = path.key()?;
-    if app.store.delete(&key).await? {
+    let deleted = app.store.delete(&key).await;
+    app.pipeline.note_change();
+    if deleted? {
         Ok(Json(Deleted { deleted: true }))
     } else {
         Err(ApiError::NotFound(format!("counter {key} does not exist")))

@@ -211,7 +211,9 @@ async fn apply(
     let oldest = day_of(app.time_policy.oldest_accepted(app.clock.now()));
     let described: Vec<(CounterKey, i64)> = sets.iter().map(|s| (s.key.clone(), s.day)).collect();
     let one = sets.len() == 1;
-    match app.store.set_days(sets, oldest).await? {
+    let outcome = app.store.set_days(sets, oldest).await;
+    app.pipeline.note_change();
+    match outcome? {
         DaysOutcome::Applied { previous, counters } => Ok((previous, counters)),
         DaysOutcome::Overflow { index } => {
             let (key, day) = &described[index];

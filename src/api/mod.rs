@@ -23,6 +23,7 @@ mod ops;
 mod pixel;
 mod queries;
 mod reports;
+pub mod stream;
 mod values;
 
 use std::sync::Arc;
@@ -61,6 +62,9 @@ pub struct Gateway {
     /// `--write-keys-read-values`: answers to a `write` key's increments
     /// and decrements carry the counter (see [`access::Disclosure`]).
     pub write_keys_read_values: bool,
+    /// The live streams (`GET /v1/stream`): their bound and their end at
+    /// shutdown ([`stream::Streams::close`], before the server drains).
+    pub streams: Arc<stream::Streams>,
 }
 
 impl Gateway {
@@ -77,6 +81,7 @@ impl Gateway {
             counters_max_age: None,
             count_crawlers: false,
             write_keys_read_values: false,
+            streams: Arc::default(),
         }
     }
 }
@@ -121,6 +126,7 @@ pub(crate) fn table() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(dashboard::style))
         .routes(routes!(multiread::get))
         .routes(routes!(multiread::post))
+        .routes(routes!(stream::get))
         .routes(routes!(days::put_one))
         .routes(routes!(days::put_many))
         .routes(routes!(pixel::get))

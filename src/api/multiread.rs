@@ -111,8 +111,7 @@ pub async fn get(
     uri: Uri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let parts = query_keys(uri.query())?;
-    let keys = counter_keys(&parts)?;
+    let keys = keys_of_query(uri.query(), true)?;
     let answer = read(&reader, &keys).await?;
     let tag = etag(&answer);
     let mut res = if none_match(&headers, &tag) {
@@ -294,7 +293,7 @@ fn entity_tags(list: &str) -> impl Iterator<Item = &str> {
 /// percent-decoding, so a part may hold either as `%2C` or `%2F`
 /// (`encodeURIComponent` writes both so). `key` and `tenant` belong to the
 /// access layer; any other parameter is refused.
-fn query_keys(query: Option<&str>) -> Result<Vec<Parts<'_>>, ApiError> {
+fn query_keys(query: Option<&str>, post_hint: bool) -> Result<Vec<Parts<'_>>, ApiError> {
     let mut raw = None;
     for pair in query
         .unwrap_or_default()
@@ -328,8 +327,13 @@ fn query_keys(query: Option<&str>) -> Result<Vec<Parts<'_>>, ApiError> {
     }
     let n = raw.split(',').count();
     if n > MAX_GET_KEYS {
+        let over = if post_hint {
+            format!("; POST /v1/counters/get takes up to {MAX_KEYS}")
+        } else {
+            String::new()
+        };
         return Err(ApiError::BadRequest(format!(
-            "keys holds {n} keys, over the limit of {MAX_GET_KEYS} for GET; POST /v1/counters/get takes up to {MAX_KEYS}; nothing was read"
+            "keys holds {n} keys, over the limit of {MAX_GET_KEYS} for GET{over}; nothing was read"
         )));
     }
     raw.split(',')
@@ -350,6 +354,25 @@ fn query_keys(query: Option<&str>) -> Result<Vec<Parts<'_>>, ApiError> {
             ])
         })
         .collect()
+}
+
+/// The validated keys of a `?keys=entity/action/uuid,...` query, at most
+/// [`MAX_GET_KEYS`], in the order asked: the multi-read's and the live
+/// stream's (`GET /v1/stream`) one parsing, so both take and refuse the
+/// same lists. `post_hint`: the refusal of too many keys points to the
+/// `POST` that takes more.
+pub(super) fn keys_of_query(
+    query: Option<&str>,
+    post_hint: bool,
+) -> Result<Vec<CounterKey>, ApiError> {
+    let parts = query_keys(query, post_hint)?;
+    counter_keys(&parts)
+}
+
+/// One counter as the multi-read answers it (`found: false`, value 0 when
+/// it does not exist), as JSON: the data of a live stream's event.
+pub(super) fn entry_json(key: &CounterKey, counter: Option<&Counter>) -> String {
+    serde_json::to_string(&Entry::new(key, counter)).expect("an entry always serializes")
 }
 
 /// Percent-decodes a query component (`+` is a space, as in forms).
@@ -429,15 +452,19 @@ mod tests {
         }
     }
 
+    fn query_keys_(query: Option<&str>) -> Result<Vec<Parts<'_>>, ApiError> {
+        query_keys(query, true)
+    }
+
     #[test]
     fn query_keys_split_before_decoding() {
-        let got = query_keys(Some("keys=A/V/x,A%2FB/V%2Cw/a+b%20c&key=k&tenant=t")).unwrap();
+        let got = query_keys_(Some("keys=A/V/x,A%2FB/V%2Cw/a+b%20c&key=k&tenant=t")).unwrap();
         let got: Vec<Vec<&str>> = got
             .iter()
             .map(|p| p.iter().map(|s| &**s).collect())
             .collect();
         assert_eq!(got, [vec!["A", "V", "x"], vec!["A/B", "V,w", "a b c"]]);
-        assert!(query_keys(Some("keys=")).unwrap().is_empty());
+        assert!(query_keys_(Some("keys=")).unwrap().is_empty());
         for (bad, says) in [
             (None, "keys is required"),
             (Some("key=k"), "keys is required"),
@@ -450,14 +477,17 @@ mod tests {
             (Some("keys=A/V/x/y"), "keys[0] has 4 part(s)"),
             (Some("keys=A/V/%FF"), "keys[0].uuid is not UTF-8"),
         ] {
-            let e = query_keys(bad).map(|_| ()).unwrap_err().to_string();
+            let e = query_keys_(bad).map(|_| ()).unwrap_err().to_string();
             assert!(e.contains(says), "{bad:?}: {e}");
         }
         let many = format!("keys={}", vec!["A/V/x"; MAX_GET_KEYS + 1].join(","));
-        let e = query_keys(Some(&many)).map(|_| ()).unwrap_err().to_string();
+        let e = query_keys_(Some(&many))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("101 keys, over the limit of 100"), "{e}");
         let most = format!("keys={}", vec!["A/V/x"; MAX_GET_KEYS].join(","));
-        assert_eq!(query_keys(Some(&most)).unwrap().len(), MAX_GET_KEYS);
+        assert_eq!(query_keys_(Some(&most)).unwrap().len(), MAX_GET_KEYS);
     }
 
     #[test]

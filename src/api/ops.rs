@@ -48,13 +48,12 @@ pub async fn readyz(State(gw): State<Arc<Gateway>>) -> Result<impl IntoResponse,
     responses((status = 200, description = "Success",
         content((inline(MetricsText) = "text/plain"))), OperatorErrors))]
 pub async fn metrics(_: Operator, State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        gw.metrics.render(
-            gw.tenants.queue_depth(),
-            gw.tenants.queue_bytes(),
-            gw.tenants.count(),
-            crate::store::sqlite::idempotency_ids(),
-        ),
-    )
+    let mut text = gw.metrics.render(
+        gw.tenants.queue_depth(),
+        gw.tenants.queue_bytes(),
+        gw.tenants.count(),
+        crate::store::sqlite::idempotency_ids(),
+    );
+    text.push_str(&gw.streams.render_metrics());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

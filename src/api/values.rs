@@ -60,7 +60,9 @@ pub async fn put(
     )
     .map_err(ApiError::BadRequest)?;
     let app = app.opened().await?;
-    match app.store.set_value(set).await {
+    let set = app.store.set_value(set).await;
+    app.pipeline.note_change();
+    match set {
         Ok(counter) => Ok(Json(counter)),
         // A set is the same whenever it is repeated: tell the client so.
         Err(e @ StoreError::Unavailable(_)) => Err(ApiError::store(

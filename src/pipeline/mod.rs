@@ -14,7 +14,7 @@
 mod flusher;
 mod queue;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -134,6 +134,11 @@ pub struct Pipeline {
     config: Arc<PipelineConfig>,
     /// Counts the submissions refused because the queue was full.
     metrics: Arc<Metrics>,
+    /// Bumped once each queued submission is answered (and by
+    /// [`Pipeline::note_change`]): the live streams (`GET /v1/stream`)
+    /// read their counters again only when it moved, so an idle tenant's
+    /// streams cost no reads.
+    changes: Arc<AtomicU64>,
 }
 
 impl Pipeline {
@@ -181,6 +186,7 @@ impl Pipeline {
                 stopped: Arc::default(),
                 config,
                 metrics,
+                changes: Arc::default(),
             },
             task,
         )
@@ -225,12 +231,29 @@ impl Pipeline {
         self.tx
             .send(Message::Submit(sub))
             .map_err(|_| SubmitError::ShuttingDown)?;
-        match tokio::time::timeout(self.config.ack_timeout, answer).await {
+        let answered = tokio::time::timeout(self.config.ack_timeout, answer).await;
+        // Whatever the answer: a failed flush changed nothing, which a
+        // stream's read finds out; one that gave up may have changed some.
+        self.note_change();
+        match answered {
             Ok(Ok(result)) => result,
             // The flusher dropped the reply: it stopped before reaching us.
             Ok(Err(_)) => Err(SubmitError::ShuttingDown),
             Err(_) => Err(SubmitError::TimedOut),
         }
+    }
+
+    /// How many writes of this tenant were answered so far (see
+    /// [`Pipeline::note_change`]); only its moves matter.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Says the tenant's counters may have changed by a write that does not
+    /// go through the queue (a set value, a delete, a backfill): the live
+    /// streams read them again.
+    pub fn note_change(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
     }
 
     /// Events queued or in flight right now, over every pipeline sharing

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod chromium;
+pub mod sse;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -55,6 +56,8 @@ pub struct Options {
     pub count_crawlers: bool,
     /// `--write-keys-read-values`.
     pub write_keys_read_values: bool,
+    /// `--stream-interval`, `--max-streams` and the streams' timings.
+    pub streams: counter_gateway::api::stream::StreamConfig,
 }
 
 /// Body limit of the test apps.
@@ -83,6 +86,7 @@ impl Default for Options {
             actor_limits: Vec::new(),
             count_crawlers: false,
             write_keys_read_values: false,
+            streams: Default::default(),
         }
     }
 }
@@ -223,7 +227,11 @@ impl TestApp {
             counters_max_age: options.counters_max_age,
             count_crawlers: options.count_crawlers,
             write_keys_read_values: options.write_keys_read_values,
+            streams: Arc::new(counter_gateway::api::stream::Streams::new(
+                options.streams.clone(),
+            )),
         };
+        let streams = gateway.streams.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -236,6 +244,7 @@ impl TestApp {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {
                     let _ = stopped.await;
+                    streams.close();
                 })
                 .await
                 .expect("serve");

@@ -7,6 +7,9 @@
 // at once and is used only after the user accepts it with the page's
 // button (a planted key would show its owner's data as the operator's),
 // and `refresh` is held between REFRESH_MIN and REFRESH_MAX seconds.
+// The values of the top list follow GET /v1/stream (Server-Sent Events)
+// between refreshes: read with fetch, since an EventSource sends no
+// Authorization header and the key would have to go in the URL.
 "use strict";
 (function () {
   const KEY_STORE = "counter-gateway.read-key";
@@ -33,6 +36,11 @@
   let timer = null;
   // A key from the link, waiting for the user's yes or no.
   let offeredKey = null;
+  // The live stream of the top list's values: what it follows, and its end.
+  let live = null;
+  let liveEvents = 0;
+  // How long a stream that ended or was refused waits before it reconnects.
+  const LIVE_RETRY_MS = 3000;
 
   class ApiError extends Error {
     constructor(status, type, reason) {
@@ -228,6 +236,80 @@
     });
   }
 
+  // --- live values ---------------------------------------------------------
+
+  // Follows the values of `top`'s rows (none: stops following). A stream
+  // already following the same keys, key and tenant is kept.
+  function follow(top) {
+    const rows = top && state.entity && state.action ? top.counters : [];
+    const keys = rows.map((c) => pair() + "/" + enc(c.uuid)).join(",");
+    const key = sessionStorage.getItem(KEY_STORE) || "";
+    const id = [keys, state.tenant, key].join("\u0000");
+    if (live && live.id === id) return;
+    if (live) live.stop.abort();
+    live = null;
+    if (!keys) return;
+    live = { id, stop: new AbortController() };
+    stream(live, keys, key, state.tenant);
+  }
+
+  async function stream(me, keys, key, tenant) {
+    const url = new URL("/v1/stream", location.origin);
+    url.search = "keys=" + keys;
+    const headers = { Accept: "text/event-stream" };
+    if (key) headers.Authorization = "Bearer " + key;
+    if (tenant) headers["X-Tenant"] = tenant;
+    while (live === me) {
+      try {
+        const res = await fetch(url, { headers, cache: "no-store", credentials: "omit", signal: me.stop.signal });
+        // Refused for good (key, tenant, keys): the next refresh says why.
+        if (res.status >= 400 && res.status < 500) return;
+        if (res.ok && res.body) {
+          const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+          let buf = "";
+          for (;;) {
+            const { value, done } = await reader.read();
+            if (done) break;
+            buf += value.replace(/\r\n?/g, "\n");
+            let end;
+            while ((end = buf.indexOf("\n\n")) >= 0) {
+              liveBlock(buf.slice(0, end));
+              buf = buf.slice(end + 2);
+            }
+          }
+        }
+      } catch (_) {
+        if (me.stop.signal.aborted) return;
+      }
+      // Ended (a restart, a proxy) or full (503): again after a while.
+      await new Promise((done) => setTimeout(done, LIVE_RETRY_MS));
+    }
+  }
+
+  // One block of the stream: a `counter` event updates its row's value.
+  function liveBlock(block) {
+    let event = "", data = "";
+    for (const line of block.split("\n")) {
+      if (line.startsWith("event:")) event = line.slice(6).trim();
+      else if (line.startsWith("data:")) data += line.slice(5).replace(/^ /, "");
+    }
+    if (event !== "counter") return;
+    let c;
+    try {
+      c = JSON.parse(data);
+    } catch (_) {
+      return;
+    }
+    for (const tr of $("top").tBodies[0].rows) {
+      if (tr.dataset.uuid === c.uuid && tr.cells.length === 4) {
+        tr.dataset.value = String(c.value);
+        tr.cells[3].textContent = String(c.value);
+      }
+    }
+    liveEvents += 1;
+    document.body.dataset.liveEvents = String(liveEvents);
+  }
+
   function selectedUuid(top) {
     if (state.uuid) return state.uuid;
     return top && top.counters.length ? top.counters[0].uuid : "";
@@ -359,6 +441,7 @@
     if (got.stale) renderStale(got.stale);
     if (got.averages) renderAverages(got.averages);
     if (got.top) renderTop(got.top);
+    follow(failure ? null : got.top);
     let chartNote = chosen ? "no counter in this list" : "choose an entity and an action";
     const uuid = selectedUuid(got.top);
     let hist = null;
