@@ -152,4 +152,12 @@ impl Store for EmptyStore {
             exact: true,
         })
     }
+
+    async fn published_page(
+        &self,
+        _after: Option<(String, String)>,
+        _limit: usize,
+    ) -> Result<Vec<super::TargetPublished>, StoreError> {
+        Ok(Vec::new())
+    }
 }

@@ -22,7 +22,9 @@ pub use history::{
     ActorMark, AverageBucket, AverageHistory, AverageImport, CounterHistory, CounterImport,
     ImportBatch, ImportEntry, ImportOutcome, MarkState,
 };
-pub use publication::{FirstDaysEntry, FirstDaysList, FirstDaysQuery, PublishedSet};
+pub use publication::{
+    FirstDaysEntry, FirstDaysList, FirstDaysQuery, PublishedSet, TargetPublished,
+};
 pub use query::{
     Average, AverageEntry, OutOfScaleAt, StaleQuery, TopAverages, TopAveragesQuery, TopEntry,
     TopList, TopQuery, UnusedPair, MAX_TOP_SIZE,
@@ -335,6 +337,18 @@ pub trait Store: Send + Sync + 'static {
     /// The counters with the highest totals over their first days from
     /// publication; see [`FirstDaysQuery`].
     async fn top_first_days(&self, query: &FirstDaysQuery) -> Result<FirstDaysList, StoreError>;
+    /// Export: up to `limit` publication times set, of the targets after
+    /// `after` (entity, uuid; exclusive), in (entity, uuid) order, each
+    /// bytewise, as [`Store::counter_page`] orders keys: two stores'
+    /// exports of the same data are the same file. A page shorter than
+    /// `limit` is the last. On Elasticsearch the first page refreshes the
+    /// targets' index. No default: a wrapper that forgot to forward it
+    /// would export and migrate no publication time, silently.
+    async fn published_page(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<Vec<TargetPublished>, StoreError>;
 }
 
 /// Which keying a store's actor marks have (see `crate::domain::actor`).

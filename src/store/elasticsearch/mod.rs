@@ -347,4 +347,12 @@ impl Store for ElasticsearchStore {
     ) -> Result<crate::store::FirstDaysList, StoreError> {
         self.top_first_days_es(q).await
     }
+
+    async fn published_page(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<Vec<crate::store::TargetPublished>, StoreError> {
+        self.published_page_es(after, limit).await
+    }
 }
