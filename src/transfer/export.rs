@@ -7,7 +7,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::format;
 use crate::domain::CounterKey;
-use crate::store::{ActorMark, MarkKeying, Store, TargetPublished};
+use crate::store::{ActorMark, MarkKeying, Store};
 
 /// Counters (or averages) read per page. A page holds each one's days too
 /// (up to the retention's 400), so this bounds memory to some 10 MB.
@@ -158,9 +158,22 @@ pub async fn write<W: AsyncWrite + Unpin>(
     let mut after: Option<(String, String)> = None;
     loop {
         let page = store
-            .published_page(after.take(), PUBLISHED_PAGE)
+            .published_page(after.clone(), PUBLISHED_PAGE)
             .await
             .map_err(|e| format!("reading publication times failed: {e}"))?;
+        // Each target once, in order: a store paging wrongly would
+        // otherwise repeat a page for ever.
+        let mut last = after.take();
+        for p in &page {
+            let key = p.cursor();
+            if last.as_ref().is_some_and(|l| *l >= key) {
+                return Err(format!(
+                    "reading publication times failed: the store listed {}/{} out of order",
+                    p.entity, p.uuid
+                ));
+            }
+            last = Some(key);
+        }
         let text: String = page.iter().map(format::published_line).collect();
         done.published += page.len() as u64;
         out.write_all(text.as_bytes()).await.map_err(io)?;
@@ -168,7 +181,7 @@ pub async fn write<W: AsyncWrite + Unpin>(
         if page.len() < PUBLISHED_PAGE {
             break;
         }
-        after = page.last().map(TargetPublished::cursor);
+        after = last;
     }
     let mut after: Option<ActorMark> = None;
     if what.marks {
