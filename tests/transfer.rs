@@ -731,6 +731,30 @@ async fn the_header_is_required_and_versioned() {
         .unwrap();
     assert_eq!(done.counters, 1);
     assert_eq!(value(&*store, "u").await, Some(4));
+    // A version 2 file (before publication times) too, and it leaves the
+    // publication times stored as they are.
+    store
+        .set_published(vec![counter_gateway::store::PublishedSet {
+            entity: "E".into(),
+            uuid: "u".into(),
+            at_ms: Some(test_now().timestamp_millis()),
+            replace: true,
+        }])
+        .await
+        .unwrap();
+    let v2 = format!(
+        "{{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":2}}\n{}\n",
+        json!({"kind": "counter", "entity": "E", "action": "A", "uuid": "u", "value": 6})
+    );
+    let done = import_text(&*store, &v2, &import::Options::default())
+        .await
+        .unwrap();
+    assert_eq!((done.counters, done.published), (1, 0));
+    assert_eq!(value(&*store, "u").await, Some(6));
+    assert_eq!(
+        store.published("E", "u").await.unwrap(),
+        Some(test_now().timestamp_millis())
+    );
 }
 
 /// An imported publication time replaces the one stored, as an admin's
