@@ -29,6 +29,7 @@ use counter_gateway::store::elasticsearch::config::EsConfig;
 use counter_gateway::store::elasticsearch::retry::Backoff;
 use counter_gateway::store::elasticsearch::ElasticsearchStore;
 use counter_gateway::store::{RequestOutcome, Store, WriteBatch};
+use counter_gateway::transfer::export;
 use counter_gateway::{router, AppState, Limits};
 use http_body_util::BodyExt;
 use serde_json::{json, Map, Value};
@@ -3321,4 +3322,106 @@ async fn countapi_namespaces_are_bounded_per_tenant() {
     .await;
     assert_eq!(status, 200, "{body}");
     assert!(body.get("admin_key").is_none(), "{body}");
+}
+
+/// Publication times go out and come back through the fake cluster as
+/// through the embedded store: 5,003 targets (awkward names, so the order
+/// is bytewise) cross a page of the export (5,000, `search_after` on
+/// `entity` then `uuid`), and the cluster's file is byte for byte the
+/// embedded store's. Imported into another cluster that has some times
+/// already, the file replaces what it names (as an admin's `PUT`) and
+/// keeps what it does not; exported again, it is the same file plus those.
+#[tokio::test]
+async fn publication_times_export_and_import_as_on_the_embedded_store() {
+    use counter_gateway::store::PublishedSet;
+    use counter_gateway::transfer::{format, import};
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let cluster = store_at(&format!("http://{addr}"));
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = counter_gateway::store::sqlite::SqliteStore::open(
+        dir.path(),
+        counter_gateway::store::sqlite::Durability::Full,
+        Duration::from_secs(86_400),
+        TimePolicy::default().retention_days,
+        clock(),
+    )
+    .unwrap();
+    let at = |i: usize| now().timestamp_millis() - 1_000 * (i as i64 + 1);
+    let set = |entity: &str, uuid: &str, ms: i64| PublishedSet {
+        entity: entity.into(),
+        uuid: uuid.into(),
+        at_ms: Some(ms),
+        replace: true,
+    };
+    let mut sets: Vec<PublishedSet> = (0..5000)
+        .map(|i| set("VIDEO", &format!("v{i:04}"), at(i)))
+        .collect();
+    for (i, uuid) in ["Z", "a%b", "ü-1"].into_iter().enumerate() {
+        sets.push(set("ARTICLE", uuid, at(i)));
+    }
+    cluster.set_published(sets.clone()).await.unwrap();
+    embedded.set_published(sets).await.unwrap();
+    let hidden = indicatif::ProgressBar::hidden();
+    let rules = format::Rules {
+        now: now(),
+        policy: TimePolicy::default(),
+    };
+    let file = export_text(&embedded, &rules, &hidden).await;
+    assert_eq!(export_text(&*cluster, &rules, &hidden).await, file);
+    let lines: Vec<&str> = file.lines().collect();
+    assert_eq!(lines.len(), 1 + 5003);
+    assert!(lines[1].contains(r#""uuid":"Z""#) && lines[3].contains(r#""uuid":"ü-1""#));
+    // The export refreshed the index, then searched it a page at a time.
+    let searches: Vec<Value> = fake
+        .0
+        .lock()
+        .unwrap()
+        .searches
+        .iter()
+        .filter(|(i, _, _)| i == "counter-gateway_default_targets")
+        .map(|(_, _, q)| q.clone())
+        .collect();
+    assert_eq!(searches.len(), 2, "{searches:?}");
+    assert_eq!(searches[1]["search_after"], json!(["VIDEO", "v4996"]));
+
+    let other = Fake::default();
+    let other_addr = other.start().await;
+    let into = store_at(&format!("http://{other_addr}"));
+    into.set_published(vec![
+        set("VIDEO", "v0000", at(9000)),
+        set("VIDEO", "zz-kept", at(9001)),
+    ])
+    .await
+    .unwrap();
+    let done = import::read_all(
+        &*into,
+        file.as_bytes(),
+        &rules,
+        &import::Options::default(),
+        &hidden,
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.published, 5003);
+    assert_eq!(into.published("VIDEO", "v0000").await.unwrap(), Some(at(0)));
+    let again = export_text(&*into, &rules, &hidden).await;
+    let kept = format::published_line(&counter_gateway::store::TargetPublished {
+        entity: "VIDEO".into(),
+        uuid: "zz-kept".into(),
+        at_ms: at(9001),
+    });
+    assert_eq!(again, format!("{file}{kept}"));
+}
+
+async fn export_text(
+    store: &dyn Store,
+    rules: &counter_gateway::transfer::format::Rules,
+    hidden: &indicatif::ProgressBar,
+) -> String {
+    let mut out = Vec::new();
+    export::write_all(store, &mut out, rules.oldest_day(), hidden)
+        .await
+        .unwrap();
+    String::from_utf8(out).unwrap()
 }

@@ -124,16 +124,13 @@ fn sqlite(dir: &Path) -> SqliteStore {
 }
 
 /// A file of `n` counters over up to 60 days (categories, awkward keys, a
-/// part before the days), averages, and day records.
+/// part before the days), averages, day records, and the publication
+/// times of every 7th counter's target and of one without counters
+/// ([`sample_published`] of them).
 fn sample(n: usize, seed: i64) -> String {
     let mut text = format::header_line();
     for i in 0..n {
-        let uuid = match i % 5 {
-            0 => format!("u_{i}"),
-            1 => format!("ü{i}"),
-            2 => format!("u%{i},x"),
-            _ => format!("u{i:03}"),
-        };
+        let uuid = sample_uuid(i);
         let days: Vec<Bucket> = (0..60)
             .step_by(1 + i % 9)
             .map(|n| Bucket {
@@ -182,7 +179,58 @@ fn sample(n: usize, seed: i64) -> String {
         );
         text.push('\n');
     }
+    let published = |entity: &str, uuid: &str, ms: i64| {
+        format::published_line(&counter_gateway::store::TargetPublished {
+            entity: entity.into(),
+            uuid: uuid.into(),
+            at_ms: ms,
+        })
+    };
+    for i in (0..n).step_by(7) {
+        let ms = (today() - (i % 50) as i64) * 86_400_000 + 1_000 * (i as i64 + seed);
+        text.push_str(&published(["VIDEO", "ARTICLE"][i % 2], &sample_uuid(i), ms));
+    }
+    text.push_str(&published(
+        "ARTICLE",
+        "no-counter",
+        (today() - 300) * 86_400_000 + seed,
+    ));
     text
+}
+
+/// How many publication times [`sample`] of `n` counters holds.
+fn sample_published(n: usize) -> usize {
+    n.div_ceil(7) + 1
+}
+
+/// The uuid of counter `i` of [`sample`].
+fn sample_uuid(i: usize) -> String {
+    match i % 5 {
+        0 => format!("u_{i}"),
+        1 => format!("ü{i}"),
+        2 => format!("u%{i},x"),
+        _ => format!("u{i:03}"),
+    }
+}
+
+/// What milestones answer of `store`: the first-days lists of both
+/// entities' views (the set publication times, else the first touches).
+async fn milestones(store: &dyn Store) -> Vec<counter_gateway::store::FirstDaysList> {
+    let mut out = Vec::new();
+    for entity in ["ARTICLE", "VIDEO"] {
+        for days in [1, 7, 60] {
+            let q = counter_gateway::store::FirstDaysQuery {
+                entity: entity.into(),
+                action: "VIEW".into(),
+                days,
+                category: None,
+                size: 1000,
+                oldest_day: rules().oldest_day(),
+            };
+            out.push(store.top_first_days(&q).await.unwrap());
+        }
+    }
+    out
 }
 
 async fn export_text(store: &dyn Store) -> String {
@@ -223,11 +271,17 @@ async fn export_import_export_on_elasticsearch_gives_the_embedded_stores_file() 
     let embedded = sqlite(dir.path());
     import_text(&embedded, &sample(150, 1)).await;
     let file = export_text(&embedded).await;
-    assert_eq!(file.lines().count(), 1 + 150 + 37 + 5);
+    assert_eq!(
+        file.lines().count(),
+        1 + 150 + 37 + 5 + sample_published(150)
+    );
 
     let es = es_store(&url, &p1, "default").await;
     let done = import_text(&es, &file).await;
-    assert_eq!((done.counters, done.averages), (155, 37));
+    assert_eq!(
+        (done.counters, done.averages, done.published as usize),
+        (155, 37, sample_published(150))
+    );
     assert_eq!(
         export_text(&es).await,
         file,
@@ -236,6 +290,19 @@ async fn export_import_export_on_elasticsearch_gives_the_embedded_stores_file() 
     // Twice: the same state.
     import_text(&es, &file).await;
     assert_eq!(export_text(&es).await, file);
+    // Milestones answer alike (the export refreshed the indices), from the
+    // set publication times (the first touches, 500 days ago, have no
+    // bucket left in their windows).
+    let lists = milestones(&embedded).await;
+    assert!(
+        lists.iter().all(|l| !l.entries.is_empty())
+            && lists
+                .iter()
+                .flat_map(|l| &l.entries)
+                .all(|e| e.published_set),
+        "{lists:?}"
+    );
+    assert_eq!(milestones(&es).await, lists);
     // The answers agree too.
     let key = CounterKey::new("ARTICLE", "VIEW", "ü1").unwrap();
     assert_eq!(
@@ -408,6 +475,30 @@ async fn migrate_copies_every_tenant_and_verifies_and_reports_an_altered_counter
             .any(|d| d.contains(&format_day(extra_day))),
         "{:?}",
         v.differences
+    );
+
+    // A publication time moved in the cluster is named.
+    let at = common::test_now().timestamp_millis() - 1_000;
+    to.set_published(vec![counter_gateway::store::PublishedSet {
+        entity: "VIDEO".into(),
+        uuid: "u_0".into(),
+        at_ms: Some(at),
+        replace: true,
+    }])
+    .await
+    .unwrap();
+    let v = migrate::verify(&from, &to, rules().oldest_day())
+        .await
+        .unwrap();
+    let moved: Vec<&String> = v
+        .differences
+        .iter()
+        .filter(|d| d.contains("publication time of VIDEO/u_0"))
+        .collect();
+    assert_eq!(moved.len(), 1, "{:?}", v.differences);
+    assert!(
+        moved[0].contains(&counter_gateway::domain::format_ms(at)),
+        "{moved:?}"
     );
     cleanup(&url, &p).await;
 }

@@ -401,6 +401,14 @@ impl Store for Recorder {
     ) -> Result<counter_gateway::store::FirstDaysList, counter_gateway::store::StoreError> {
         self.inner.top_first_days(q).await
     }
+    async fn published_page(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<Vec<counter_gateway::store::TargetPublished>, counter_gateway::store::StoreError>
+    {
+        self.inner.published_page(after, limit).await
+    }
 
     fn blocking_writes(&self) -> Option<Arc<dyn BlockingWrites>> {
         self.blocking.clone().map(|w| w as Arc<dyn BlockingWrites>)

@@ -73,7 +73,9 @@ async fn import_text(
 }
 
 /// A gateway with counters over 30 days (categories, awkward keys, an
-/// earlier part no day holds), averages and a backfilled day.
+/// earlier part no day holds), averages, a backfilled day, and three
+/// targets' publication times (two set by an admin, one of a target with
+/// no counter, one by an event).
 async fn populated() -> TestApp {
     let app = TestApp::start().await;
     let mut events = Vec::new();
@@ -119,7 +121,50 @@ async fn populated() -> TestApp {
     import_text(&*app.state.store, &old, &import::Options::default())
         .await
         .unwrap();
+    for (path, at) in [("VIDEO/v01", ts(12)), ("ARTICLE/none", ts(300))] {
+        let r = app
+            .send(
+                app.http
+                    .put(app.url(&format!("/v1/targets/{path}")))
+                    .json(&json!({ "published": at })),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let r = app
+        .post(
+            "/v1/events",
+            json!({"events": [{"entity": "VIDEO", "action": "VIEW", "uuid": "v03", "timestamp": ts(0), "published": ts(20)}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
     app
+}
+
+/// What milestones answer of `store`: the first-days lists of the videos
+/// (those of `VIDEO/v01` and `v03` count from their set publication, the
+/// others from their first touch) and the three targets' publication times.
+async fn milestones(store: &dyn Store) -> Vec<String> {
+    let mut out = Vec::new();
+    for days in [1, 3, 30] {
+        let list = store
+            .top_first_days(&counter_gateway::store::FirstDaysQuery {
+                entity: "VIDEO".into(),
+                action: "VIEW".into(),
+                days,
+                category: None,
+                size: 100,
+                oldest_day: rules().oldest_day(),
+            })
+            .await
+            .unwrap();
+        out.push(format!("{days}: {list:?}"));
+    }
+    for (entity, uuid) in [("VIDEO", "v01"), ("VIDEO", "v03"), ("ARTICLE", "none")] {
+        let at = store.published(entity, uuid).await.unwrap();
+        out.push(format!("{entity}/{uuid}: {at:?}"));
+    }
+    out
 }
 
 fn lines(text: &str) -> Vec<Value> {
@@ -141,10 +186,11 @@ async fn export_import_export_gives_the_same_file() {
     let all = lines(&first);
     assert_eq!(
         all[0],
-        json!({"kind": "header", "format": "counter-gateway", "version": 2})
+        json!({"kind": "header", "format": "counter-gateway", "version": 3})
     );
-    // 20 videos, 1 old, 4 articles, 2 averages, and the header.
-    assert_eq!(all.len(), 1 + 25 + 2, "{first}");
+    // 20 videos, 1 old, 4 articles, 2 averages, 3 publication times, and
+    // the header.
+    assert_eq!(all.len(), 1 + 25 + 2 + 3, "{first}");
     // Key order, bytewise: "ARTICLE" < "VIDEO"; "Z" < "a%b" < "a_b" < "ü-1".
     let uuids: Vec<&str> = all[1..5]
         .iter()
@@ -167,14 +213,32 @@ async fn export_import_export_gives_the_same_file() {
         (json!(12), json!(3))
     );
     assert_eq!(rating["days"][day(4)], json!({"sum": 7, "quantity": 2}));
+    // Publication times after the averages, by entity then uuid (bytewise).
+    let published: Vec<&Value> = all.iter().filter(|r| r["kind"] == "published").collect();
+    assert_eq!(
+        published,
+        [
+            &json!({"kind": "published", "entity": "ARTICLE", "uuid": "none", "published": common::rendered(test_now() - Days::days(300))}),
+            &json!({"kind": "published", "entity": "VIDEO", "uuid": "v01", "published": common::rendered(test_now() - Days::days(12))}),
+            &json!({"kind": "published", "entity": "VIDEO", "uuid": "v03", "published": common::rendered(test_now() - Days::days(20))}),
+        ]
+    );
+    assert_eq!(all[28]["kind"], "published");
 
     let (_dir, copy) = empty_store();
     let done = import_text(&*copy, &first, &import::Options::default())
         .await
         .unwrap();
-    assert_eq!((done.counters, done.averages), (25, 2));
+    assert_eq!((done.counters, done.averages, done.published), (25, 2, 3));
     let second = export_text(&*copy).await;
     assert_eq!(first, second, "export -> import -> export changed the file");
+    // Milestones answer as they did: the set times, not the first touches.
+    let before = milestones(&*app.state.store).await;
+    assert!(
+        before[1].contains("uuid: \"v01\"") && before[1].contains("published_set: true"),
+        "{before:?}"
+    );
+    assert_eq!(milestones(&*copy).await, before);
     // The copy answers as the original does.
     let key = CounterKey::new("VIDEO", "VIEW", "v07").unwrap();
     assert_eq!(
@@ -278,8 +342,9 @@ async fn a_corrected_file_replaces_the_days_it_names_and_keeps_the_rest() {
     assert!(e.contains("line 2") && e.contains("value 135"), "{e}");
 }
 
-/// A store whose imports fail after `ok` of them, as a crash would stop
-/// it; everything else goes to `inner`.
+/// A store whose import writes (`import`, and `set_published`, which sets
+/// a batch's publication times) fail after `ok` of them, as a crash would
+/// stop it; everything else goes to `inner`.
 struct Interrupted {
     inner: Arc<dyn Store>,
     ok: usize,
@@ -407,6 +472,9 @@ impl counter_gateway::store::Store for Interrupted {
         &self,
         sets: Vec<counter_gateway::store::PublishedSet>,
     ) -> Result<(), counter_gateway::store::StoreError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) >= self.ok {
+            return Err(StoreError::Unavailable("the disk went away".into()));
+        }
         self.inner.set_published(sets).await
     }
     async fn published(
@@ -421,6 +489,14 @@ impl counter_gateway::store::Store for Interrupted {
         q: &counter_gateway::store::FirstDaysQuery,
     ) -> Result<counter_gateway::store::FirstDaysList, counter_gateway::store::StoreError> {
         self.inner.top_first_days(q).await
+    }
+    async fn published_page(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<Vec<counter_gateway::store::TargetPublished>, counter_gateway::store::StoreError>
+    {
+        self.inner.published_page(after, limit).await
     }
 }
 
@@ -462,16 +538,40 @@ async fn an_interrupted_import_resumes_after_the_last_batch_applied() {
     };
     let done = import_text(&counting, &file, &options).await.unwrap();
     assert_eq!(done.resumed_after, 13);
-    assert_eq!(done.counters + done.averages, 27 - 12);
+    assert_eq!(
+        (done.counters + done.averages, done.published),
+        (27 - 12, 3)
+    );
+    // Lines 14-29 and 30-31: four imports, the last of them with the first
+    // publication time (and its set), then the two others (a set only).
     assert_eq!(
         counting.calls.load(Ordering::SeqCst),
-        4,
-        "15 records in batches of 4"
+        6,
+        "18 records in batches of 4"
     );
     assert!(
         !checkpoint.exists(),
         "a complete import removes its checkpoint"
     );
+    assert_eq!(export_text(&*store).await, file);
+
+    // Cut between a batch's import and its publication times (lines 26-29:
+    // the last counter, both averages, the first time): the checkpoint
+    // stays before the batch, and resuming sets all of it.
+    let (_dir2, store) = empty_store();
+    let broken = Interrupted {
+        inner: store.clone(),
+        ok: 7,
+        calls: AtomicUsize::new(0),
+    };
+    let e = import_text(&broken, &file, &options).await.unwrap_err();
+    assert!(
+        e.contains("lines 26-29") && e.contains("resumes after line 25"),
+        "{e}"
+    );
+    assert_eq!(store.published("ARTICLE", "none").await.unwrap(), None);
+    let done = import_text(&*store, &file, &options).await.unwrap();
+    assert_eq!((done.resumed_after, done.published), (25, 3));
     assert_eq!(export_text(&*store).await, file);
     // A checkpoint of another input is refused rather than applied to it.
     std::fs::write(&checkpoint, r#"{"input":"other.ndjson","line":5}"#).unwrap();
@@ -612,8 +712,8 @@ async fn the_header_is_required_and_versioned() {
             "must be the header",
         ),
         (
-            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":3}\n",
-            "versions 1 and 2",
+            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":4}\n",
+            "versions 1 to 3",
         ),
     ] {
         let e = import_text(&*store, text, &import::Options::default())
@@ -631,6 +731,73 @@ async fn the_header_is_required_and_versioned() {
         .unwrap();
     assert_eq!(done.counters, 1);
     assert_eq!(value(&*store, "u").await, Some(4));
+    // A version 2 file (before publication times) too, and it leaves the
+    // publication times stored as they are.
+    store
+        .set_published(vec![counter_gateway::store::PublishedSet {
+            entity: "E".into(),
+            uuid: "u".into(),
+            at_ms: Some(test_now().timestamp_millis()),
+            replace: true,
+        }])
+        .await
+        .unwrap();
+    let v2 = format!(
+        "{{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":2}}\n{}\n",
+        json!({"kind": "counter", "entity": "E", "action": "A", "uuid": "u", "value": 6})
+    );
+    let done = import_text(&*store, &v2, &import::Options::default())
+        .await
+        .unwrap();
+    assert_eq!((done.counters, done.published), (1, 0));
+    assert_eq!(value(&*store, "u").await, Some(6));
+    assert_eq!(
+        store.published("E", "u").await.unwrap(),
+        Some(test_now().timestamp_millis())
+    );
+}
+
+/// An imported publication time replaces the one stored, as an admin's
+/// `PUT` does (import sets, it does not add; an event's set-if-none would
+/// keep the old), and a target the file does not name keeps its own. An
+/// implausible one stops the import at its line, nothing of its batch set.
+#[tokio::test]
+async fn an_imported_publication_time_replaces_the_stored_one_and_keeps_the_rest() {
+    let (_dir, store) = empty_store();
+    let at = |n: i64| (test_now() - Days::days(n)).timestamp_millis();
+    let set = |uuid: &str, ms: i64| counter_gateway::store::PublishedSet {
+        entity: "A".into(),
+        uuid: uuid.into(),
+        at_ms: Some(ms),
+        replace: true,
+    };
+    store
+        .set_published(vec![set("named", at(5)), set("other", at(6))])
+        .await
+        .unwrap();
+    let line = |uuid: &str, published: &str| json!({"kind": "published", "entity": "A", "uuid": uuid, "published": published});
+    let file = format!("{}{}\n", format::header_line(), line("named", &ts(2)));
+    let done = import_text(&*store, &file, &import::Options::default())
+        .await
+        .unwrap();
+    assert_eq!(done.published, 1);
+    assert_eq!(store.published("A", "named").await.unwrap(), Some(at(2)));
+    assert_eq!(store.published("A", "other").await.unwrap(), Some(at(6)));
+    let bad = format!(
+        "{}{}\n{}\n",
+        format::header_line(),
+        line("named", &ts(1)),
+        line("other", "2001-01-01T00:00:00Z")
+    );
+    let e = import_text(&*store, &bad, &import::Options::default())
+        .await
+        .unwrap_err();
+    assert!(
+        e.contains("line 3: published 2001-01-01T00:00:00Z is before 2008-01-01"),
+        "{e}"
+    );
+    assert_eq!(store.published("A", "named").await.unwrap(), Some(at(2)));
+    assert_eq!(store.published("A", "other").await.unwrap(), Some(at(6)));
 }
 
 /// The command line: import a file into a data directory, export it back
@@ -650,6 +817,10 @@ fn the_commands_round_trip_a_file_and_fail_on_a_bad_line() {
         ));
         text.push('\n');
     }
+    text.push_str(
+        r#"{"kind":"published","entity":"E","uuid":"a","published":"2021-05-01T10:00:00.000Z"}"#,
+    );
+    text.push('\n');
     std::fs::write(&input, &text).unwrap();
     let bin = env!("CARGO_BIN_EXE_counter-gateway");
     let run = |args: &[&str]| {
@@ -674,7 +845,11 @@ fn the_commands_round_trip_a_file_and_fail_on_a_bad_line() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("imported 2 counters"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("imported 2 counters") && stderr.contains("1 publication times"),
+        "{stderr}"
+    );
     let out = run(&[
         "export",
         "--data-dir",
@@ -708,7 +883,7 @@ fn the_commands_round_trip_a_file_and_fail_on_a_bad_line() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("line 4: missing field `entity`"),
+        stderr.contains("line 5: missing field `entity`"),
         "{stderr}"
     );
 }
@@ -852,7 +1027,7 @@ async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
     let (secret, fp) = common::actor_secret_of(app.data_dir());
     let file = export_marked(&*app.state.store, Some(&fp), rules()).await;
     let all = lines(&file);
-    assert_eq!(all[0]["version"], 2);
+    assert_eq!(all[0]["version"], 3);
     assert_eq!(
         all[1],
         json!({"kind": "actor_secret", "fingerprint": fp, "keyed_for": "default"})

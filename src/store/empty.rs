@@ -167,4 +167,12 @@ impl Store for EmptyStore {
     ) -> Result<crate::domain::countapi::Created, StoreError> {
         Err(StoreError::Internal(NO_WRITES.into()))
     }
+
+    async fn published_page(
+        &self,
+        _after: Option<(String, String)>,
+        _limit: usize,
+    ) -> Result<Vec<super::TargetPublished>, StoreError> {
+        Ok(Vec::new())
+    }
 }

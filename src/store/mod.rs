@@ -22,7 +22,9 @@ pub use history::{
     ActorMark, AverageBucket, AverageHistory, AverageImport, CounterHistory, CounterImport,
     ImportBatch, ImportEntry, ImportOutcome, MarkState,
 };
-pub use publication::{FirstDaysEntry, FirstDaysList, FirstDaysQuery, PublishedSet};
+pub use publication::{
+    FirstDaysEntry, FirstDaysList, FirstDaysQuery, PublishedSet, TargetPublished,
+};
 pub use query::{
     Average, AverageEntry, OutOfScaleAt, StaleQuery, TopAverages, TopAveragesQuery, TopEntry,
     TopList, TopQuery, UnusedPair, MAX_TOP_SIZE,
@@ -355,6 +357,18 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<crate::domain::countapi::Created, StoreError> {
         Err(StoreError::Internal(NO_COUNTAPI.into()))
     }
+    /// Export: up to `limit` publication times set, of the targets after
+    /// `after` (entity, uuid; exclusive), in (entity, uuid) order, each
+    /// bytewise, as [`Store::counter_page`] orders keys: two stores'
+    /// exports of the same data are the same file. A page shorter than
+    /// `limit` is the last. On Elasticsearch the first page refreshes the
+    /// targets' index. No default: a wrapper that forgot to forward it
+    /// would export and migrate no publication time, silently.
+    async fn published_page(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<Vec<TargetPublished>, StoreError>;
 }
 
 /// Why a store without CountAPI records refuses their calls.

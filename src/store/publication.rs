@@ -15,6 +15,23 @@ pub struct PublishedSet {
     pub replace: bool,
 }
 
+/// A target's publication time as it is set: what `export` writes (a
+/// `published` record) and `migrate` compares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetPublished {
+    pub entity: String,
+    pub uuid: String,
+    /// Milliseconds since the epoch.
+    pub at_ms: i64,
+}
+
+impl TargetPublished {
+    /// Where the next page of [`super::Store::published_page`] starts.
+    pub fn cursor(&self) -> (String, String) {
+        (self.entity.clone(), self.uuid.clone())
+    }
+}
+
 /// The counters of a pair ordered by their total over the first `days`
 /// UTC days from their publication day (the set publication time, else
 /// the counter's first touch).

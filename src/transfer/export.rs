@@ -1,6 +1,7 @@
 //! `export`: a tenant's counters, then its averages, each with its day
-//! buckets, then the marks of its actors, written as NDJSON in key order, a
-//! page at a time (memory holds one page, whatever the store's size).
+//! buckets, then its targets' publication times, then the marks of its
+//! actors, written as NDJSON in key order, a page at a time (memory holds
+//! one page, whatever the store's size).
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
@@ -15,6 +16,9 @@ pub const PAGE: usize = 500;
 /// Marks read per page: some 150 bytes each.
 pub const MARK_PAGE: usize = 5_000;
 
+/// Publication times read per page: some 100 bytes each.
+pub const PUBLISHED_PAGE: usize = 5_000;
+
 /// What an export wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Exported {
@@ -24,6 +28,8 @@ pub struct Exported {
     pub days: u64,
     /// Marks of actors.
     pub marks: u64,
+    /// Targets' publication times.
+    pub published: u64,
     /// The `actor_secret` line was written (the file holds marks, and
     /// their secret's fingerprint was known).
     pub fingerprint: bool,
@@ -32,7 +38,11 @@ pub struct Exported {
 impl Exported {
     /// Lines written, the header included.
     pub fn lines(&self) -> u64 {
-        1 + u64::from(self.fingerprint) + self.counters + self.averages + self.marks
+        1 + u64::from(self.fingerprint)
+            + self.counters
+            + self.averages
+            + self.published
+            + self.marks
     }
 }
 
@@ -52,7 +62,8 @@ pub struct Export {
     pub tenant: String,
 }
 
-/// Writes the header and every counter, average and mark of `store`, with
+/// Writes the header and every counter, average, publication time and mark
+/// of `store`, with
 /// days from `from_day` on (older days count in each record's `before`),
 /// naming no secret: [`write`] with marks and no fingerprint.
 pub async fn write_all<W: AsyncWrite + Unpin>(
@@ -71,8 +82,8 @@ pub async fn write_all<W: AsyncWrite + Unpin>(
 }
 
 /// Writes the header, the secret's line when there are marks and a
-/// fingerprint, then every counter, average and (unless left out) mark of
-/// `store`. `progress` is told each record written.
+/// fingerprint, then every counter, average, publication time and (unless
+/// left out) mark of `store`. `progress` is told each record written.
 pub async fn write<W: AsyncWrite + Unpin>(
     store: &dyn Store,
     out: &mut W,
@@ -143,6 +154,34 @@ pub async fn write<W: AsyncWrite + Unpin>(
             break;
         }
         after = page.last().map(|a| a.key.clone());
+    }
+    let mut after: Option<(String, String)> = None;
+    loop {
+        let page = store
+            .published_page(after.clone(), PUBLISHED_PAGE)
+            .await
+            .map_err(|e| format!("reading publication times failed: {e}"))?;
+        // Each target once, in order: a store paging wrongly would
+        // otherwise repeat a page for ever.
+        let mut last = after.take();
+        for p in &page {
+            let key = p.cursor();
+            if last.as_ref().is_some_and(|l| *l >= key) {
+                return Err(format!(
+                    "reading publication times failed: the store listed {}/{} out of order",
+                    p.entity, p.uuid
+                ));
+            }
+            last = Some(key);
+        }
+        let text: String = page.iter().map(format::published_line).collect();
+        done.published += page.len() as u64;
+        out.write_all(text.as_bytes()).await.map_err(io)?;
+        progress.inc(page.len() as u64);
+        if page.len() < PUBLISHED_PAGE {
+            break;
+        }
+        after = last;
     }
     let mut after: Option<ActorMark> = None;
     if what.marks {

@@ -1,15 +1,16 @@
-//! The NDJSON format of `export` and `import`, version 2: one JSON object a
+//! The NDJSON format of `export` and `import`, version 3: one JSON object a
 //! line, its kind in `kind`; the first line is the header. What each record
 //! means when imported is in src/transfer/README.md ("Export and import"); this file
 //! writes records and turns a line into what a store sets, or into the
 //! reason it is refused.
 //!
 //! ```text
-//! {"kind":"header","format":"counter-gateway","version":2}
+//! {"kind":"header","format":"counter-gateway","version":3}
 //! {"kind":"actor_secret","fingerprint":"3f2a9c0e1b7d4a55","keyed_for":"default"}
 //! {"kind":"counter","entity":"ARTICLE","action":"VIEW","uuid":"a1","value":1023,"before":23,"category":"news","first_timestamp":"...","recorded_timestamp":"...","days":{"2026-11-02":120,...}}
 //! {"kind":"average","entity":"ARTICLE","action":"rating","uuid":"a1","sum":40,"quantity":10,"before_sum":0,"before_quantity":0,...,"days":{"2026-11-02":{"sum":9,"quantity":2}}}
 //! {"kind":"day","entity":"ARTICLE","action":"VIEW","uuid":"a2","day":"2026-11-03","value":8,"category":"news"}
+//! {"kind":"published","entity":"ARTICLE","uuid":"a1","published":"2026-11-20T08:30:00.000Z"}
 //! {"kind":"mark","entity":"ARTICLE","action":"like","uuid":"a1","scope":"ever","mark":"<32 hex>","state":"counted"}
 //! {"kind":"mark","entity":"ARTICLE","action":"VIEW","uuid":"a1","scope":"day","day":"2026-11-30","mark":"<32 hex>","state":"counted"}
 //! ```
@@ -25,6 +26,15 @@
 //! file at its header, naming the version, rather than stopping at its
 //! first mark with the file half imported: the header holds nothing else a
 //! version 1 reader does not know.
+//!
+//! Version 3 added `published` records (a target's publication time, see
+//! `crate::domain::milestone`); version 1 and 2 files are read as they
+//! were (they have none). For the same reason as above, a version 2 reader
+//! refuses a version 3 file at its header ("this build reads versions 1
+//! and 2") instead of importing its counters and stopping at its first
+//! `published` line, or with `--skip-bad` setting every publication time
+//! aside: a file of this build goes into an older gateway not at all,
+//! rather than without its publication times.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -34,22 +44,23 @@ use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
+use crate::domain::milestone::{parse_published, Published};
 use crate::domain::{
     day_of, format_day, format_ms, parse_day, validate_name, CounterKey, DaySet, DaySetSpec,
     Interner, Mark, TimePolicy, FINGERPRINT_HEX,
 };
 use crate::store::{
     ActorMark, AverageBucket, AverageHistory, AverageImport, Bucket, CounterHistory, CounterImport,
-    MarkState,
+    MarkState, TargetPublished,
 };
 
 /// The `format` of the header line.
 pub const FORMAT: &str = "counter-gateway";
 /// The version this build writes.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// The versions this build reads.
-pub const READS: [u32; 2] = [1, 2];
+pub const READS: [u32; 3] = [1, 2, 3];
 
 /// The header line, with its newline.
 pub fn header_line() -> String {
@@ -110,6 +121,24 @@ pub fn mark_line(m: &ActorMark) -> String {
         mark: m.mark.hex(),
         state,
         since,
+    })
+}
+
+#[derive(Serialize)]
+struct PublishedOut<'a> {
+    kind: &'static str,
+    entity: &'a str,
+    uuid: &'a str,
+    published: String,
+}
+
+/// The line of a target's publication time (with its newline).
+pub fn published_line(p: &TargetPublished) -> String {
+    line(&PublishedOut {
+        kind: "published",
+        entity: &p.entity,
+        uuid: &p.uuid,
+        published: format_ms(p.at_ms),
     })
 }
 
@@ -286,6 +315,7 @@ struct Fields {
     since: Option<String>,
     fingerprint: Option<String>,
     keyed_for: Option<String>,
+    published: Option<String>,
 }
 
 impl Fields {
@@ -314,6 +344,7 @@ impl Fields {
             ("since", self.since.is_some()),
             ("fingerprint", self.fingerprint.is_some()),
             ("keyed_for", self.keyed_for.is_some()),
+            ("published", self.published.is_some()),
         ];
         match given
             .iter()
@@ -339,6 +370,9 @@ pub enum Record {
     Average(AverageImport),
     Day(DaySet),
     Mark(ActorMark),
+    /// A target's publication time, set as an admin's `PUT` sets it
+    /// (replacing what is there).
+    Published(TargetPublished),
     /// A `day` mark of a day past the retention: left out (the store would
     /// delete it, and no event of that day is accepted any more), so that a
     /// file exported yesterday still imports today.
@@ -390,8 +424,9 @@ pub fn parse(line: &str, rules: &Rules) -> Result<Record, String> {
         "day" => day(&fields, rules).map(Record::Day),
         "mark" => mark(&fields, rules),
         "actor_secret" => actor_secret(&fields),
+        "published" => published(&fields, rules).map(Record::Published),
         other => Err(format!(
-            "unknown record kind {:?}: expected header, actor_secret, counter, average, day or mark",
+            "unknown record kind {:?}: expected header, actor_secret, counter, average, day, published or mark",
             other.chars().take(40).collect::<String>()
         )),
     }
@@ -408,7 +443,7 @@ fn header(f: &Fields) -> Result<Record, String> {
     match f.version.as_ref().and_then(Value::as_u64) {
         Some(v) if READS.iter().any(|&r| u64::from(r) == v) => Ok(Record::Header(v as u32)),
         _ => Err(format!(
-            "the header's version is {}; this build reads versions 1 and {VERSION}",
+            "the header's version is {}; this build reads versions 1 to {VERSION}",
             f.version
                 .as_ref()
                 .map_or("missing".into(), Value::to_string)
@@ -512,6 +547,36 @@ fn mark(f: &Fields, rules: &Rules) -> Result<Record, String> {
         day,
         state,
     }))
+}
+
+/// A target's publication time: RFC 3339 (export writes milliseconds, in
+/// UTC), plausible as the gateway judges one (from 2008 on, not ahead of
+/// the clock plus the allowed skew). An implausible one, which the gateway
+/// never keeps, is refused rather than dropped: the file says to set it.
+fn published(f: &Fields, rules: &Rules) -> Result<TargetPublished, String> {
+    f.only(&["entity", "uuid", "published"])?;
+    let part = |name: &str, v: &Option<String>| -> Result<String, String> {
+        let v = v.clone().ok_or_else(|| format!("missing field `{name}`"))?;
+        validate_name(name, &v)?;
+        Ok(v)
+    };
+    let entity = part("entity", &f.entity)?;
+    let uuid = part("uuid", &f.uuid)?;
+    let raw = f
+        .published
+        .as_deref()
+        .ok_or("missing field `published` (an RFC 3339 time)")?;
+    match parse_published("published", raw, rules.now, rules.policy.max_skew)? {
+        Published::At(at_ms) => Ok(TargetPublished {
+            entity,
+            uuid,
+            at_ms,
+        }),
+        Published::Implausible(why) => Err(format!(
+            "published {raw} is {}: a gateway keeps no such publication time (from 2008-01-01 to its clock plus the allowed skew)",
+            why.as_str()
+        )),
+    }
 }
 
 fn key(f: &Fields) -> Result<CounterKey, String> {
@@ -788,10 +853,18 @@ mod tests {
         assert_eq!(c.category.as_deref(), Some("news"));
         assert_eq!(
             header_line(),
-            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":2}\n"
+            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":3}\n"
         );
         assert_eq!(
             parse(header_line().trim_end(), &rules()),
+            Ok(Record::Header(3))
+        );
+        // Version 2 files (no publication times) are read as they were.
+        assert_eq!(
+            parse(
+                r#"{"kind":"header","format":"counter-gateway","version":2}"#,
+                &rules()
+            ),
             Ok(Record::Header(2))
         );
         // Version 1 files (no marks) are read as they were.
@@ -896,8 +969,8 @@ mod tests {
                 "quantity",
             ),
             (
-                r#"{"kind":"header","format":"counter-gateway","version":3}"#,
-                "versions 1 and 2",
+                r#"{"kind":"header","format":"counter-gateway","version":4}"#,
+                "versions 1 to 3",
             ),
             (
                 r#"{"kind":"day","entity":"E","action":"A","uuid":"u","day":"2026-01-01","value":1}"#,
@@ -938,6 +1011,70 @@ mod tests {
         };
         assert_eq!((i.before_sum, i.before_quantity), (31, 8));
         assert_eq!(i.days, a.days);
+    }
+
+    #[test]
+    fn a_publication_time_round_trips_and_bad_ones_say_why() {
+        let p = TargetPublished {
+            entity: "ARTICLE".into(),
+            uuid: "ü \"1\"".into(),
+            at_ms: today() * 86_400_000 - 1,
+        };
+        let line = published_line(&p);
+        assert_eq!(
+            line,
+            "{\"kind\":\"published\",\"entity\":\"ARTICLE\",\"uuid\":\"ü \\\"1\\\"\",\"published\":\"2028-02-28T23:59:59.999Z\"}\n"
+        );
+        assert_eq!(parse(line.trim_end(), &rules()), Ok(Record::Published(p)));
+        // Any RFC 3339 offset, read as the instant it names.
+        assert!(matches!(
+            parse(
+                r#"{"kind":"published","entity":"A","uuid":"u","published":"2028-02-29T13:00:00+01:00"}"#,
+                &rules()
+            ),
+            Ok(Record::Published(TargetPublished { at_ms, .. })) if at_ms == today() * 86_400_000 + 12 * 3_600_000
+        ));
+        for (rest, why) in [
+            (
+                r#""uuid":"u","published":"2026-01-01T00:00:00Z""#,
+                "missing field `entity`",
+            ),
+            (r#""entity":"A","uuid":"u""#, "missing field `published`"),
+            (
+                r#""entity":"A","uuid":"","published":"2026-01-01T00:00:00Z""#,
+                "uuid must not be empty",
+            ),
+            (
+                r#""entity":"A","uuid":"u","published":"2026-01-01""#,
+                "not an RFC 3339",
+            ),
+            (
+                r#""entity":"A","uuid":"u","published":"2007-12-31T23:59:59Z""#,
+                "before 2008-01-01",
+            ),
+            (
+                r#""entity":"A","uuid":"u","published":"2028-02-29T12:05:01Z""#,
+                "in the future",
+            ),
+            (
+                r#""entity":"A","uuid":"u","published":null"#,
+                "missing field `published`",
+            ),
+            (
+                r#""entity":"A","action":"VIEW","uuid":"u","published":"2026-01-01T00:00:00Z""#,
+                "field `action` is not part of a published record",
+            ),
+        ] {
+            let line = format!(r#"{{"kind":"published",{rest}}}"#);
+            let e = parse(&line, &rules()).unwrap_err();
+            assert!(e.contains(why), "{line}: {e}");
+        }
+        // The clock's skew is allowed, as for an event.
+        assert!(parse(
+            r#"{"kind":"published","entity":"A","uuid":"u","published":"2028-02-29T12:05:00Z"}"#,
+            &rules()
+        )
+        .is_ok());
     }
 
     fn mark_rec(extra: &str) -> String {

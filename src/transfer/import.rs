@@ -14,6 +14,12 @@
 //! is applied; with `--skip-bad` it is written to that file instead (after
 //! a header, so the file can be corrected and imported) and the import goes on.
 //!
+//! Publication times (`published` records) are set after the rest of
+//! their batch with `Store::set_published`, replacing what is there as an
+//! admin's `PUT` does (import sets, it does not add); durable when it
+//! returns, like `Store::import`, so the checkpoint written after the two
+//! covers both, and a batch replayed sets the same times again.
+//!
 //! Marks of actors are set like the rest, after the file's `actor_secret`
 //! record (if any) was admitted by [`SecretCheck`]: a file whose marks were
 //! keyed with another secret than the store's gateways use is refused
@@ -32,7 +38,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt};
 use super::format::{self, Record, Rules};
 use super::secret::SecretCheck;
 use crate::domain::{CounterKey, Mark};
-use crate::store::{ImportBatch, ImportEntry, ImportOutcome, Store};
+use crate::store::{ImportBatch, ImportEntry, ImportOutcome, PublishedSet, Store};
 
 /// Longest line read: a counter with 400 days is some 10 KB.
 pub const MAX_LINE_BYTES: usize = 1 << 20;
@@ -95,6 +101,8 @@ pub struct Imported {
     pub marks_expired: u64,
     /// Marks left out by `--skip-marks`.
     pub marks_skipped: u64,
+    /// Targets' publication times set.
+    pub published: u64,
 }
 
 /// The batch being gathered, with the line each entry came from.
@@ -105,6 +113,10 @@ struct Pending {
     average_lines: Vec<(u64, String)>,
     day_lines: Vec<(u64, String)>,
     mark_lines: Vec<(u64, String)>,
+    /// Publication times, set after the batch's import.
+    published: Vec<PublishedSet>,
+    published_lines: Vec<(u64, String)>,
+    targets: HashSet<(String, String)>,
     marks: HashSet<(CounterKey, Option<i64>, Mark)>,
     with_record: HashSet<CounterKey>,
     with_days: HashSet<CounterKey>,
@@ -120,6 +132,7 @@ impl Pending {
             + self.average_lines.len()
             + self.day_lines.len()
             + self.mark_lines.len()
+            + self.published_lines.len()
     }
 
     /// Whether `r` names what the batch names already (the same counter or
@@ -136,6 +149,7 @@ impl Pending {
                     || self.day_pairs.contains(&(d.key.clone(), d.day))
             }
             Record::Mark(m) => self.marks.contains(&(m.key.clone(), m.day, m.mark)),
+            Record::Published(p) => self.targets.contains(&p.cursor()),
             Record::Header(_) | Record::ActorSecret(_) | Record::ExpiredMark => false,
         }
     }
@@ -168,6 +182,16 @@ impl Pending {
                 self.marks.insert((m.key.clone(), m.day, m.mark));
                 self.batch.marks.push(m);
                 self.mark_lines.push((line, raw));
+            }
+            Record::Published(p) => {
+                self.targets.insert(p.cursor());
+                self.published.push(PublishedSet {
+                    entity: p.entity,
+                    uuid: p.uuid,
+                    at_ms: Some(p.at_ms),
+                    replace: true,
+                });
+                self.published_lines.push((line, raw));
             }
             Record::Header(_) | Record::ActorSecret(_) | Record::ExpiredMark => {}
         }
@@ -338,10 +362,18 @@ impl Run<'_> {
             .chain(&p.average_lines)
             .chain(&p.day_lines)
             .chain(&p.mark_lines)
+            .chain(&p.published_lines)
             .map(|(l, _)| *l)
             .max()
             .unwrap_or(p.first_line);
-        loop {
+        let failed = |e: crate::store::StoreError, run: &Self, first: u64| {
+            format!(
+                "the store failed on the batch of lines {first}-{last_line}: {e}\n{}",
+                run.resume_hint(first)
+            )
+        };
+        // A batch of publication times only has nothing to import.
+        while !p.batch.is_empty() {
             match self.store.import(p.batch.clone()).await {
                 Ok(ImportOutcome::Applied) => break,
                 Ok(ImportOutcome::Overflow(entry)) => {
@@ -355,23 +387,21 @@ impl Run<'_> {
                     }
                     let (line, raw) = p.remove(entry);
                     self.bad(line, reason, &raw, p.first_line)?;
-                    if p.records() == 0 {
-                        break;
-                    }
                 }
-                Err(e) => {
-                    return Err(format!(
-                        "the store failed on the batch of lines {}-{last_line}: {e}\n{}",
-                        p.first_line,
-                        self.resume_hint(p.first_line)
-                    ))
-                }
+                Err(e) => return Err(failed(e, self, p.first_line)),
             }
+        }
+        if !p.published.is_empty() {
+            self.store
+                .set_published(std::mem::take(&mut p.published))
+                .await
+                .map_err(|e| failed(e, self, p.first_line))?;
         }
         self.done.counters += p.counter_lines.len() as u64;
         self.done.averages += p.average_lines.len() as u64;
         self.done.day_records += p.day_lines.len() as u64;
         self.done.marks += p.mark_lines.len() as u64;
+        self.done.published += p.published_lines.len() as u64;
         self.done.days += p.days as u64;
         self.applied = last_line;
         if let Some(c) = &self.options.checkpoint {
@@ -379,7 +409,11 @@ impl Run<'_> {
         }
         self.progress.set_message(format!(
             "{} records",
-            self.done.counters + self.done.averages + self.done.day_records + self.done.marks
+            self.done.counters
+                + self.done.averages
+                + self.done.day_records
+                + self.done.marks
+                + self.done.published
         ));
         Ok(())
     }

@@ -3,7 +3,8 @@
 //! embedded store piped in process into an import of the cluster (the same
 //! code and format as the two commands), then a verification that reads
 //! both stores again side by side, in key order, and compares every
-//! counter and average (totals, bucket sums and each day) and every mark.
+//! counter and average (totals, bucket sums and each day), every target's
+//! publication time and every mark.
 //!
 //! Marks of actors count only under the secret they were keyed with, so
 //! `migrate` reads the embedded store's (`--actor-secret`, else
@@ -22,7 +23,9 @@ use super::secret::{given_fingerprint, SecretCheck};
 use super::{export, format, import, open_elasticsearch, open_embedded, progress, Unit};
 use crate::config::{SecretArgs, StoreArgs};
 use crate::domain::{format_day, Clock, CounterKey};
-use crate::store::{ActorMark, AverageHistory, CounterHistory, MarkState, Store, StoreError};
+use crate::store::{
+    ActorMark, AverageHistory, CounterHistory, MarkState, Store, StoreError, TargetPublished,
+};
 use crate::tenant::{validate_tenant, DEFAULT_TENANT};
 
 /// Differences printed per tenant; the rest are counted.
@@ -201,7 +204,8 @@ fn state_text(s: MarkState) -> String {
 }
 
 /// Reads `from` and `to` side by side in key order, a page at a time, and
-/// compares each counter, average and mark of `from` with the cluster's.
+/// compares each counter, average, publication time and mark of `from`
+/// with the cluster's.
 pub async fn verify(from: &dyn Store, to: &dyn Store, from_day: i64) -> Result<Verified, String> {
     verify_with(from, to, from_day, true).await
 }
@@ -216,6 +220,7 @@ pub async fn verify_with(
     let mut v = Verified::default();
     walk::<CounterHistory>(&mut v, from, to, from_day).await?;
     walk::<AverageHistory>(&mut v, from, to, from_day).await?;
+    walk::<TargetPublished>(&mut v, from, to, from_day).await?;
     if marks {
         walk::<ActorMark>(&mut v, from, to, from_day).await?;
     }
@@ -324,6 +329,40 @@ impl Listed for ActorMark {
                 mark_text(a),
                 state_text(a.state),
                 state_text(b.state)
+            ));
+        }
+    }
+}
+
+impl Listed for TargetPublished {
+    const WHAT: &'static str = "publication times";
+    const PAGE: usize = export::PUBLISHED_PAGE;
+    /// `String`s order bytewise, as both stores list targets.
+    type Order = (String, String);
+    type Cursor = (String, String);
+    async fn page(
+        store: &dyn Store,
+        after: Option<(String, String)>,
+        _from_day: i64,
+    ) -> Result<Vec<Self>, StoreError> {
+        store.published_page(after, Self::PAGE).await
+    }
+    fn order(&self) -> Self::Order {
+        self.cursor()
+    }
+    fn cursor(&self) -> Self::Cursor {
+        TargetPublished::cursor(self)
+    }
+    fn name(&self) -> String {
+        format!("publication time of {}/{}", self.entity, self.uuid)
+    }
+    fn compare(v: &mut Verified, a: &Self, b: &Self) {
+        if a.at_ms != b.at_ms {
+            v.differ(format!(
+                "{}: {} in the embedded store, {} in the cluster",
+                a.name(),
+                crate::domain::format_ms(a.at_ms),
+                crate::domain::format_ms(b.at_ms)
             ));
         }
     }
@@ -454,15 +493,18 @@ pub async fn copy(
     let (exported, imported) = tokio::try_join!(exporting, importing)?;
     if imported.counters != exported.counters
         || imported.averages != exported.averages
+        || imported.published != exported.published
         || imported.marks != exported.marks
     {
         return Err(format!(
-            "{} counters, {} averages and {} marks were exported, but {}, {} and {} imported",
+            "{} counters, {} averages, {} publication times and {} marks were exported, but {}, {}, {} and {} imported",
             exported.counters,
             exported.averages,
+            exported.published,
             exported.marks,
             imported.counters,
             imported.averages,
+            imported.published,
             imported.marks
         ));
     }
@@ -638,10 +680,11 @@ pub async fn run_with(
         done.marks += copied.marks;
         let v = verify_with(&from, &*to, rules.oldest_day(), marks).await?;
         eprintln!(
-            "tenant {tenant}: copied {} counters and {} averages ({} day buckets) and {} marks of actors in {:.1} s; verified {} of them: {}",
+            "tenant {tenant}: copied {} counters and {} averages ({} day buckets), {} publication times and {} marks of actors in {:.1} s; verified {} of them: {}",
             copied.counters,
             copied.averages,
             copied.days,
+            copied.published,
             copied.marks,
             started.elapsed().as_secs_f64(),
             v.compared,
@@ -649,7 +692,7 @@ pub async fn run_with(
         );
         if v.only_in_cluster > 0 {
             eprintln!(
-                "tenant {tenant}: the cluster also holds {} counters, averages or marks the embedded store has not (kept: import merges)",
+                "tenant {tenant}: the cluster also holds {} counters, averages, publication times or marks the embedded store has not (kept: import merges)",
                 v.only_in_cluster
             );
         }
@@ -670,7 +713,7 @@ pub async fn run_with(
         ));
     }
     eprintln!(
-        "migrated {} tenants; every counter, average and mark agrees",
+        "migrated {} tenants; every counter, average, publication time and mark agrees",
         names.len()
     );
     if !marks {

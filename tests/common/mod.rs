@@ -660,6 +660,14 @@ macro_rules! store_wrapper {
             ) -> Result<counter_gateway::store::FirstDaysList, counter_gateway::store::StoreError> {
                 self.inner.top_first_days(q).await
             }
+            async fn published_page(
+                &self,
+                after: Option<(String, String)>,
+                limit: usize,
+            ) -> Result<Vec<counter_gateway::store::TargetPublished>, counter_gateway::store::StoreError>
+            {
+                self.inner.published_page(after, limit).await
+            }
             fn bulks_in_flight(&self) -> usize {
                 let $b = self;
                 $bulks

@@ -363,4 +363,12 @@ impl Store for ElasticsearchStore {
     ) -> Result<crate::domain::countapi::Created, StoreError> {
         self.countapi_create_es(creation).await
     }
+
+    async fn published_page(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<Vec<crate::store::TargetPublished>, StoreError> {
+        self.published_page_es(after, limit).await
+    }
 }

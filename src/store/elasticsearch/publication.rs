@@ -21,7 +21,9 @@ use super::transfer::hits;
 use super::{request, response, ElasticsearchStore};
 use crate::domain::milestone::publication_day;
 use crate::domain::CounterKey;
-use crate::store::{FirstDaysEntry, FirstDaysList, FirstDaysQuery, PublishedSet, StoreError};
+use crate::store::{
+    FirstDaysEntry, FirstDaysList, FirstDaysQuery, PublishedSet, StoreError, TargetPublished,
+};
 
 /// Counters per page of the walk (and ids per `_mget` and bucket search):
 /// well under the 10,000 hits of a search page and the 65,536 terms of a
@@ -31,6 +33,8 @@ const COUNTER_PAGE: usize = 5000;
 const SET_BULK: usize = 1000;
 /// Bucket documents per search page.
 const BUCKET_PAGE: usize = 10_000;
+/// Hits per page of an export's publication times: a search page.
+const PUBLISHED_PAGE: usize = 10_000;
 
 /// The document id of a target: the counter id of an empty action, which
 /// no counter has (names are never empty), injective like counter ids.
@@ -175,6 +179,61 @@ impl ElasticsearchStore {
                 ),
             )),
         }
+    }
+
+    /// Export's page: the targets' documents sorted by `entity` then
+    /// `uuid` (keywords sort bytewise, as SQLite's primary key), paged with
+    /// `search_after`. The first page refreshes the index, so that an
+    /// export sees every set acknowledged before it; a tenant without the
+    /// index (no time ever set) answers no hits.
+    pub(super) async fn published_page_es(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<Vec<TargetPublished>, StoreError> {
+        let index = self.config.names.targets();
+        if after.is_none() {
+            self.refresh_tenant(&index).await?;
+        }
+        let mut body = json!({
+            "size": limit.min(PUBLISHED_PAGE),
+            "track_total_hits": false,
+            "query": {"match_all": {}},
+            "sort": [{"entity": "asc"}, {"uuid": "asc"}],
+            "_source": {"includes": ["entity", "uuid", "published"]},
+        });
+        if let Some((entity, uuid)) = &after {
+            body["search_after"] = json!([entity, uuid]);
+        }
+        let answer = self
+            .search(&format!("/{index}/_search"), &[], &body)
+            .await?;
+        hits(&answer)?
+            .iter()
+            .map(|h| {
+                let src = h.get("_source");
+                let text = |name: &str| {
+                    src.and_then(|s| s.get(name))
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                };
+                match (
+                    text("entity"),
+                    text("uuid"),
+                    int(src.and_then(|s| s.get("published"))),
+                ) {
+                    (Some(entity), Some(uuid), Some(at_ms)) => Ok(TargetPublished {
+                        entity,
+                        uuid,
+                        at_ms,
+                    }),
+                    _ => Err(StoreError::Internal(format!(
+                        "a target document lacks entity, uuid or published: {}",
+                        h.get("_id").unwrap_or(&Value::Null)
+                    ))),
+                }
+            })
+            .collect()
     }
 
     /// The publication times set among `ids` (target ids), by id.

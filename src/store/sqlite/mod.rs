@@ -767,6 +767,17 @@ impl Store for SqliteStore {
             exact: true,
         })
     }
+
+    /// Publication times are written by their own transaction, never
+    /// logged: nothing to fold first.
+    async fn published_page(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<Vec<super::TargetPublished>, StoreError> {
+        self.with_reader(move |c| publication::page(c, after.as_ref(), limit))
+            .await
+    }
 }
 
 #[cfg(test)]

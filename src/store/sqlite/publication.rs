@@ -21,7 +21,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::windows::{join, split_sum};
 use super::{sql, Writer};
-use crate::store::{FirstDaysEntry, FirstDaysQuery, PublishedSet, StoreError};
+use crate::store::{FirstDaysEntry, FirstDaysQuery, PublishedSet, StoreError, TargetPublished};
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS targets (
@@ -71,6 +71,37 @@ pub(super) fn get(conn: &Connection, entity: &str, uuid: &str) -> Result<Option<
     conn.prepare_cached("SELECT published_ms FROM targets WHERE entity = ?1 AND uuid = ?2")
         .and_then(|mut s| s.query_row(params![entity, uuid], |r| r.get(0)).optional())
         .map_err(sql("publication::get"))
+}
+
+/// Up to `limit` publication times after the target `after`, by the
+/// primary key (entity, uuid; BINARY collation: bytewise, as export wants).
+/// One statement: its own snapshot.
+pub(super) fn page(
+    conn: &Connection,
+    after: Option<&(String, String)>,
+    limit: usize,
+) -> Result<Vec<TargetPublished>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let read = |r: &rusqlite::Row<'_>| -> rusqlite::Result<TargetPublished> {
+        Ok(TargetPublished {
+            entity: r.get(0)?,
+            uuid: r.get(1)?,
+            at_ms: r.get(2)?,
+        })
+    };
+    const COLS: &str = "SELECT entity, uuid, published_ms FROM targets";
+    match after {
+        // A row value walks the primary key from the target on.
+        Some((entity, uuid)) => conn
+            .prepare_cached(&format!(
+                "{COLS} WHERE (entity, uuid) > (?1, ?2) ORDER BY entity, uuid LIMIT ?3"
+            ))
+            .and_then(|mut s| s.query_map(params![entity, uuid, limit], read)?.collect()),
+        None => conn
+            .prepare_cached(&format!("{COLS} ORDER BY entity, uuid LIMIT ?1"))
+            .and_then(|mut s| s.query_map(params![limit], read)?.collect()),
+    }
+    .map_err(sql("publication::page"))
 }
 
 /// The list, from rows that hold every acknowledged increment (the caller
