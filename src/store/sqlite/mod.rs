@@ -537,6 +537,15 @@ impl Store for SqliteStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
+        // Every key in memory (counters touched lately, as a dashboard's
+        // or a stream's often are): answered from it at once, under its
+        // lock, which is one snapshot too, without a blocking thread and a
+        // reader's transaction (measured: the one-key multi-read at 0.15x
+        // of the single get of a counter in memory, 205 µs of server CPU a
+        // request against 22; see scripts/bench/README.md).
+        if let Some(found) = multiget::all_in_memory(keys, &self.hot.lock()) {
+            return Ok(found);
+        }
         let keys = keys.to_vec();
         let hot = self.hot.clone();
         self.with_reader(move |c| {

@@ -61,6 +61,15 @@ pub(super) fn unwritten_wanted(
     Ok(())
 }
 
+/// The counter of each key, in order, when memory holds every one of them
+/// (`None` otherwise: a key not there is read from its row, and all keys
+/// must then come from one snapshot, [`counters`]).
+pub(super) fn all_in_memory(keys: &[CounterKey], hot: &Hot) -> Option<Vec<Option<Counter>>> {
+    keys.iter()
+        .map(|k| hot.get(k).map(|e| Some(e.counter(k))))
+        .collect()
+}
+
 /// The counter of each key, in order (`None`: never counted): from the
 /// store's memory (locked by the caller) when it holds the key (every
 /// counter with deltas not folded yet is there), else from its row.
@@ -165,6 +174,44 @@ mod tests {
         assert_eq!(got[2].as_ref().unwrap().category.as_deref(), Some("news"));
         assert_eq!(got, joined(&c, &keys), "both ways answer the same");
         assert!(counters(&c, &[], &Hot::default()).unwrap().is_empty());
+    }
+
+    /// Memory answers alone only when it holds every key: one key it lacks
+    /// sends the whole read to the rows (one snapshot), since memory
+    /// cannot say whether a key it lacks was never counted.
+    #[test]
+    fn memory_answers_only_when_it_holds_every_key() {
+        use super::super::hot::Entry;
+        let mut hot = Hot::default();
+        for (uuid, value) in [("u3", 42), ("u0", 7)] {
+            let entry = Entry {
+                cid: value,
+                value,
+                category: None,
+                first_ms: 1,
+                recorded_ms: 2,
+                days: Vec::new(),
+                pending_seq: 1,
+            };
+            hot.put(None, key(uuid), entry);
+        }
+        let values = |got: Option<Vec<Option<Counter>>>| {
+            got.map(|v| {
+                v.iter()
+                    .map(|c| c.as_ref().map(|c| c.value))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(
+            values(all_in_memory(&[key("u3"), key("u0"), key("u3")], &hot)),
+            Some(vec![Some(42), Some(7), Some(42)])
+        );
+        assert_eq!(values(all_in_memory(&[key("u3"), key("u1")], &hot)), None);
+        // The rows' path gives memory's value for the keys it holds.
+        let (_dir, c) = filled(10);
+        let got = counters(&c, &[key("u3"), key("u1")], &hot).unwrap();
+        let got: Vec<_> = got.iter().map(|c| c.as_ref().map(|c| c.value)).collect();
+        assert_eq!(got, vec![Some(42), Some(1)]);
     }
 
     /// Not a test: the figures behind the choice in the module comment.
