@@ -29,16 +29,17 @@ pub async fn post(
     JsonBytes(body): JsonBytes,
 ) -> Result<Response, ApiError> {
     app.pipeline.admit()?;
-    let (incs, asks) = read_events(
+    let Events {
+        incs,
+        asks,
+        published,
+    } = read_events(
         &body,
         &app.time_policy,
         app.clock.now(),
         app.limits.max_events_per_request,
         &app.actors,
     )?;
-    // Read once the events are valid (a bad `published` is named like any
-    // bad field); nothing is kept before every event is checked.
-    let published = publications(&body, &app.time_policy, app.clock.now())?;
     // Every event of the batch checked before any token is taken.
     let accepted = incs.len();
     let app = match super::counters::applying(app, sender, &asks).await? {
@@ -64,44 +65,6 @@ pub async fn post(
     .into_response())
 }
 
-/// The publication times a valid batch sends (`published`), each judged
-/// against the clock: malformed is a 400 naming the event; implausible ones
-/// are left out (the first touch stands in). Only bodies that may hold the
-/// field are parsed again for it: most batches pay one scan, not a parse.
-fn publications(
-    body: &[u8],
-    policy: &TimePolicy,
-    now: DateTime<Utc>,
-) -> Result<Vec<PublishedSet>, ApiError> {
-    // A key may be written with escapes (`\u0070ublished`): any backslash
-    // parses too.
-    if !body.contains(&b'\\') && !body.windows(11).any(|w| w == b"\"published\"") {
-        return Ok(Vec::new());
-    }
-    let parsed = parse_batch(body)?;
-    let mut out = Vec::new();
-    let mut errors = Vec::new();
-    for (index, e) in parsed.0.events.iter().enumerate() {
-        let Some(raw) = e.published.as_deref() else {
-            continue;
-        };
-        match parse_published("published", raw, now, policy.max_skew) {
-            Ok(Published::At(ms)) => out.push(PublishedSet {
-                entity: e.entity.to_string(),
-                uuid: e.uuid.to_string(),
-                at_ms: Some(ms),
-                replace: false,
-            }),
-            Ok(Published::Implausible(_)) => {}
-            Err(reason) => errors.push(EventError { index, reason }),
-        }
-    }
-    if !errors.is_empty() {
-        return Err(ApiError::InvalidEvents(errors));
-    }
-    Ok(out)
-}
-
 /// A batch body parsed, its strings still borrowed from the body.
 pub struct ParsedBatch<'a>(EventsBody<'a>);
 
@@ -114,7 +77,15 @@ pub fn read_batch(
     now: DateTime<Utc>,
     max_events: usize,
 ) -> Result<Vec<Increment>, ApiError> {
-    read_events(body, policy, now, max_events, &Actors::default()).map(|(incs, _)| incs)
+    read_events(body, policy, now, max_events, &Actors::default()).map(|e| e.incs)
+}
+
+/// What a valid batch asks: its increments, what they ask of the limits
+/// per actor, and the publication times its events send.
+pub struct Events {
+    pub incs: Vec<Increment>,
+    pub asks: Asks,
+    pub published: Vec<PublishedSet>,
 }
 
 /// [`read_batch`] with the gateway's actor secret and limits: also what
@@ -125,7 +96,7 @@ pub fn read_events(
     now: DateTime<Utc>,
     max_events: usize,
     actors: &Actors,
-) -> Result<(Vec<Increment>, Asks), ApiError> {
+) -> Result<Events, ApiError> {
     if body.is_empty() {
         return Err(ApiError::BadRequest(
             "the body is empty; send {\"events\": [...]}".into(),
@@ -135,7 +106,16 @@ pub fn read_events(
         Ok(b) => b,
         Err(e) => return Err(explain_parse_failure(body, policy, now, actors).unwrap_or(e)),
     };
-    parsed.events(policy, now, max_events, actors)
+    let (incs, asks) = parsed.events(policy, now, max_events, actors)?;
+    // Read once the events are valid (a bad `published` is named like any
+    // bad field), from the same parse; nothing is kept before every event
+    // is checked.
+    let published = parsed.publications(policy, now)?;
+    Ok(Events {
+        incs,
+        asks,
+        published,
+    })
 }
 
 /// The first stage of [`read_batch`]: the JSON alone.
@@ -144,6 +124,37 @@ pub fn parse_batch(body: &[u8]) -> Result<ParsedBatch<'_>, ApiError> {
 }
 
 impl ParsedBatch<'_> {
+    /// The publication times the events send (`published`), each judged
+    /// against the clock: malformed is a 400 naming the event; implausible
+    /// ones are left out (the first touch stands in).
+    fn publications(
+        &self,
+        policy: &TimePolicy,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<PublishedSet>, ApiError> {
+        let mut out = Vec::new();
+        let mut errors = Vec::new();
+        for (index, e) in self.0.events.iter().enumerate() {
+            let Some(raw) = e.published.as_deref() else {
+                continue;
+            };
+            match parse_published("published", raw, now, policy.max_skew) {
+                Ok(Published::At(ms)) => out.push(PublishedSet {
+                    entity: e.entity.to_string(),
+                    uuid: e.uuid.to_string(),
+                    at_ms: Some(ms),
+                    replace: false,
+                }),
+                Ok(Published::Implausible(_)) => {}
+                Err(reason) => errors.push(EventError { index, reason }),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(ApiError::InvalidEvents(errors));
+        }
+        Ok(out)
+    }
+
     /// The second stage of [`read_batch`]: counts the events and validates each.
     pub fn increments(
         &self,
