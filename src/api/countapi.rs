@@ -647,7 +647,7 @@ pub async fn get(
     QueryParams(q): QueryParams<PlainQuery>,
 ) -> Response {
     let cb = output(q.callback, q.img);
-    run(cb, |_| get_in(&app, path)).await
+    run(cb, get_in(&app, path)).await
 }
 
 #[utoipa::path(get, path = "/countapi/get/{key}",
@@ -661,18 +661,18 @@ pub async fn get_default(
     QueryParams(q): QueryParams<PlainQuery>,
 ) -> Response {
     let cb = output(q.callback, q.img);
-    run(cb, |_| get_in(&app, path.into())).await
+    run(cb, get_in(&app, path.into())).await
 }
 
-/// Runs `f` once the output asked for checked out, and finishes its answer.
-async fn run<F, Fut>(out: Result<Output, ApiError>, f: F) -> Response
-where
-    F: FnOnce(()) -> Fut,
-    Fut: std::future::Future<Output = Result<Answer, ApiError>>,
-{
+/// Runs the call (a future: nothing of it runs unless awaited) once the
+/// output asked for checked out, and finishes its answer.
+async fn run(
+    out: Result<Output, ApiError>,
+    call: impl std::future::Future<Output = Result<Answer, ApiError>>,
+) -> Response {
     match out {
         Err(e) => finish(Err(e), Output::Json).await,
-        Ok(out) => finish(f(()).await, out).await,
+        Ok(out) => finish(call.await, out).await,
     }
 }
 
@@ -694,11 +694,7 @@ pub async fn hit(
     QueryParams(q): QueryParams<PlainQuery>,
 ) -> Response {
     let cb = output(q.callback, q.img);
-    run(
-        cb,
-        |_| async move { add(app, sender, &method, &path, 1).await },
-    )
-    .await
+    run(cb, async move { add(app, sender, &method, &path, 1).await }).await
 }
 
 #[utoipa::path(get, path = "/countapi/hit/{key}",
@@ -718,11 +714,7 @@ pub async fn hit_default(
 ) -> Response {
     let cb = output(q.callback, q.img);
     let path: NsKeyPath = path.into();
-    run(
-        cb,
-        |_| async move { add(app, sender, &method, &path, 1).await },
-    )
-    .await
+    run(cb, async move { add(app, sender, &method, &path, 1).await }).await
 }
 
 #[utoipa::path(get, path = "/countapi/update/{namespace}/{key}",
@@ -741,7 +733,7 @@ pub async fn update(
     QueryParams(q): QueryParams<UpdateQuery>,
 ) -> Response {
     let cb = output(q.callback.clone(), q.img.clone());
-    run(cb, |_| async move {
+    run(cb, async move {
         update_in(app, sender, &method, path, &q).await
     })
     .await
@@ -763,7 +755,7 @@ pub async fn update_default(
     QueryParams(q): QueryParams<UpdateQuery>,
 ) -> Response {
     let cb = output(q.callback.clone(), q.img.clone());
-    run(cb, |_| async move {
+    run(cb, async move {
         update_in(app, sender, &method, path.into(), &q).await
     })
     .await
@@ -782,7 +774,7 @@ pub async fn set(
     QueryParams(q): QueryParams<SetQuery>,
 ) -> Response {
     let cb = output(q.callback.clone(), q.img.clone());
-    run(cb, |_| async move { set_in(app, &method, path, &q).await }).await
+    run(cb, async move { set_in(app, &method, path, &q).await }).await
 }
 
 #[utoipa::path(get, path = "/countapi/set/{key}",
@@ -798,9 +790,10 @@ pub async fn set_default(
     QueryParams(q): QueryParams<SetQuery>,
 ) -> Response {
     let cb = output(q.callback.clone(), q.img.clone());
-    run(cb, |_| async move {
-        set_in(app, &method, path.into(), &q).await
-    })
+    run(
+        cb,
+        async move { set_in(app, &method, path.into(), &q).await },
+    )
     .await
 }
 
@@ -816,7 +809,7 @@ pub async fn info(
     QueryParams(q): QueryParams<PlainQuery>,
 ) -> Response {
     let cb = output(q.callback, q.img);
-    run(cb, |_| info_in(&app, path)).await
+    run(cb, info_in(&app, path)).await
 }
 
 #[utoipa::path(get, path = "/countapi/info/{key}",
@@ -831,7 +824,7 @@ pub async fn info_default(
     QueryParams(q): QueryParams<PlainQuery>,
 ) -> Response {
     let cb = output(q.callback, q.img);
-    run(cb, |_| info_in(&app, path.into())).await
+    run(cb, info_in(&app, path.into())).await
 }
 
 /// `create`'s query, read whole: its `key` is CountAPI's (the counter's),
@@ -958,7 +951,7 @@ pub async fn create(
         Err(e) => return finish(Err(e), Output::Json).await,
     };
     let cb = output(q.callback.clone(), None);
-    run(cb, |_| async move { create_in(app, &method, q).await }).await
+    run(cb, async move { create_in(app, &method, q).await }).await
 }
 
 #[cfg(test)]
