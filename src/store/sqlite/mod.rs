@@ -115,6 +115,47 @@ pub struct SqliteStore {
     halted: Arc<AtomicBool>,
     /// Test hooks (`hooks`): empty outside the crate's own tests.
     hooks: Hooks,
+    /// Dropped after [`Drop::drop`]'s fold: frees the file for the next open.
+    _open: OpenFile,
+}
+
+/// One open store per database file in this process. A store's last handle
+/// may drop on another thread (the background worker's) after a new store
+/// of the same file opened, as a tenant closed when idle and opened again
+/// does; its closing fold would then write into the rows deltas the new
+/// store had loaded from the change log as pending, and they would count
+/// twice (`tests/concurrency.rs`, restart, failed about 1 run in 6). So an
+/// open waits until the store before it has closed.
+struct OpenFile(PathBuf);
+
+static OPEN_FILES: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+static CLOSED: std::sync::Condvar = std::sync::Condvar::new();
+
+impl OpenFile {
+    fn take(path: &Path) -> Result<OpenFile, StoreError> {
+        let open = OPEN_FILES.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut open, waited) = CLOSED
+            .wait_timeout_while(open, std::time::Duration::from_secs(60), |o| {
+                o.iter().any(|p| p == path)
+            })
+            .unwrap_or_else(|e| e.into_inner());
+        if waited.timed_out() {
+            return Err(StoreError::Internal(format!(
+                "{} is still open in this process after 60 s",
+                path.display()
+            )));
+        }
+        open.push(path.to_path_buf());
+        Ok(OpenFile(path.to_path_buf()))
+    }
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        let mut open = OPEN_FILES.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|p| *p != self.0);
+        CLOSED.notify_all();
+    }
 }
 
 /// Closing folds what is left in the change log, so the database file
@@ -178,6 +219,7 @@ impl SqliteStore {
             ))
         })?;
         let path = data_dir.join(DB_FILE);
+        let open = OpenFile::take(&path)?;
         let mut conn = connections::open_writer(&path)?;
         schema::migrate(&mut conn, &path)?;
         let hot = hot::Shared::default();
@@ -243,6 +285,7 @@ impl SqliteStore {
             readers,
             wal,
             hooks,
+            _open: open,
             halted,
         })
     }
