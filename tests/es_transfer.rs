@@ -458,8 +458,11 @@ async fn migrate_copies_every_tenant_and_verifies_and_reports_an_altered_counter
         .await
         .unwrap();
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    // One open store per file in a process: migrate opens its own.
+    drop(from);
     let e = migrate::run(&args, clock()).await.unwrap_err();
     assert!(e.contains("verification found"), "{e}");
+    let from = sqlite(&data);
     let v = migrate::verify(&from, &to, rules().oldest_day())
         .await
         .unwrap();
@@ -947,6 +950,8 @@ async fn migrate_carries_marks_and_a_gateway_with_the_secret_it_names_counts_no_
     let q = prefix();
     let other = es_store(&url, &q, "default").await;
     other.record_fingerprint("0123456789abcdef").await.unwrap();
+    // One open store per file in a process: migrate opens its own.
+    drop(from);
     let e = migrate::run(&migrate_args(data, &url, &q), clock())
         .await
         .unwrap_err();
