@@ -963,3 +963,97 @@ async fn migrate_carries_marks_and_a_gateway_with_the_secret_it_names_counts_no_
     cleanup(&url, &p).await;
     cleanup(&url, &q).await;
 }
+
+/// CountAPI's records (keys made by `create`, with their namespaces' admin
+/// key digests): imported into a cluster, exported from it as the embedded
+/// store exports them, read there as `create` reads them; importing again
+/// changes nothing, and `migrate`'s verification names a namespace whose
+/// admin key differs in the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn countapi_records_move_to_the_cluster_and_verify_names_a_changed_admin_key() {
+    use counter_gateway::domain::countapi::{CreatedKey, KeyRecord, KeyRules, Namespace, Restored};
+    let url = cluster().await;
+    let p = prefix();
+    let dir = tempfile::tempdir().unwrap();
+    let from = sqlite(dir.path());
+    let now = common::test_now().timestamp_millis();
+    let record = |ns: &str, key: String, digest: u8, lower: i64| KeyRecord {
+        namespace: Namespace {
+            name: ns.into(),
+            admin_key_sha256: [digest; 32],
+            created_ms: now - 86_400_000,
+        },
+        key,
+        created: CreatedKey {
+            rules: KeyRules::new(lower == 0, lower, 3).unwrap(),
+            created_ms: now - i64::from(digest),
+        },
+    };
+    // Three namespaces, 150 keys: import batches of 64 span namespaces.
+    let records: Vec<KeyRecord> = (0..150)
+        .map(|i| {
+            let (ns, d) = [("a.site", 1), ("b-site", 2), ("c_site", 3)][i % 3];
+            record(ns, format!("key{i:03}"), d, -(i as i64 % 4))
+        })
+        .collect();
+    assert_eq!(
+        from.countapi_restore(records.clone()).await.unwrap(),
+        Restored::Applied
+    );
+    let file = export_text(&from).await;
+    assert_eq!(
+        file.lines()
+            .filter(|l| l.contains("\"kind\":\"countapi\""))
+            .count(),
+        150
+    );
+    let to = es_store(&url, &p, "default").await;
+    assert_eq!(import_text(&to, &file).await.countapi, 150);
+    assert_eq!(
+        export_text(&to).await,
+        file,
+        "the cluster exports what the embedded store does"
+    );
+    import_text(&to, &file).await;
+    assert_eq!(export_text(&to).await, file);
+    for r in [&records[0], &records[77], &records[149]] {
+        let read = to
+            .countapi_records(&r.namespace.name, &r.key)
+            .await
+            .unwrap();
+        assert_eq!(read.namespace.as_ref(), Some(&r.namespace));
+        assert_eq!(read.key, Some(r.created));
+    }
+    assert_eq!(
+        migrate::verify(&from, &to, rules().oldest_day())
+            .await
+            .unwrap()
+            .count,
+        0
+    );
+    // Another admin key for b-site, set in the cluster behind the store's back.
+    let changed = record("b-site", "key001".into(), 9, -1);
+    let changed = KeyRecord {
+        created: records[1].created,
+        ..changed
+    };
+    assert_eq!(
+        to.countapi_restore(vec![changed]).await.unwrap(),
+        Restored::Applied
+    );
+    let v = migrate::verify(&from, &to, rules().oldest_day())
+        .await
+        .unwrap();
+    // Each of the namespace's 50 keys is named: `set` on any of them now
+    // takes another admin key.
+    assert_eq!(v.count, 50, "{:?}", v.differences);
+    assert!(
+        v.differences
+            .iter()
+            .all(|d| d.starts_with("CountAPI key b-site/") && d.contains("admin key differs")),
+        "{:?}",
+        v.differences
+    );
+    cleanup(&url, &p).await;
+}

@@ -186,7 +186,7 @@ async fn export_import_export_gives_the_same_file() {
     let all = lines(&first);
     assert_eq!(
         all[0],
-        json!({"kind": "header", "format": "counter-gateway", "version": 3})
+        json!({"kind": "header", "format": "counter-gateway", "version": 4})
     );
     // 20 videos, 1 old, 4 articles, 2 averages, 3 publication times, and
     // the header.
@@ -712,8 +712,8 @@ async fn the_header_is_required_and_versioned() {
             "must be the header",
         ),
         (
-            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":4}\n",
-            "versions 1 to 3",
+            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":5}\n",
+            "versions 1 to 4",
         ),
     ] {
         let e = import_text(&*store, text, &import::Options::default())
@@ -1027,7 +1027,7 @@ async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
     let (secret, fp) = common::actor_secret_of(app.data_dir());
     let file = export_marked(&*app.state.store, Some(&fp), rules()).await;
     let all = lines(&file);
-    assert_eq!(all[0]["version"], 3);
+    assert_eq!(all[0]["version"], 4);
     assert_eq!(
         all[1],
         json!({"kind": "actor_secret", "fingerprint": fp, "keyed_for": "default"})
@@ -1557,4 +1557,184 @@ async fn an_export_from_before_marks_were_keyed_for_their_tenant_imports_after()
         "{e}"
     );
     assert!(globex.get(&key).await.unwrap().is_none(), "nothing set");
+}
+
+fn admin_key_of(r: &common::Resp) -> String {
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json["admin_key"].as_str().unwrap().to_string()
+}
+
+/// CountAPI's records travel with the counters: a namespace imported into
+/// another gateway keeps its admin key (`set` works with it and is refused
+/// without) and its keys their bounds; the key itself is in no file (its
+/// SHA-256 is); a key only hit has no record; export -> import -> export
+/// is the same file, and importing it again changes nothing.
+#[tokio::test]
+async fn countapi_namespaces_keep_their_admin_key_and_bounds_through_export_and_import() {
+    let app = TestApp::start().await;
+    let admin = admin_key_of(
+        &app.get("/countapi/create?namespace=mysite.com&key=likes&value=5&update_lowerbound=-2&update_upperbound=3")
+            .await,
+    );
+    let r = app
+        .get("/countapi/create?namespace=mysite.com&key=resettable&enable_reset=1")
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let other = admin_key_of(
+        &app.get("/countapi/create?namespace=other.org&key=visits")
+            .await,
+    );
+    assert_eq!(app.get("/countapi/hit/plain.net/hits").await.status, 200);
+    let file = export_text(&*app.state.store).await;
+    assert!(!file.contains(&admin) && !file.contains(&other), "{file}");
+    let records: Vec<Value> = lines(&file)
+        .into_iter()
+        .filter(|r| r["kind"] == "countapi")
+        .collect();
+    let names: Vec<(&str, &str)> = records
+        .iter()
+        .map(|r| (r["namespace"].as_str().unwrap(), r["key"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("mysite.com", "likes"),
+            ("mysite.com", "resettable"),
+            ("other.org", "visits")
+        ]
+    );
+    assert_eq!(
+        (
+            records[0]["update_lowerbound"].clone(),
+            records[0]["update_upperbound"].clone(),
+            records[1]["enable_reset"].clone()
+        ),
+        (json!(-2), json!(3), json!(true))
+    );
+    assert_eq!(
+        records[0]["admin_key_sha256"],
+        records[1]["admin_key_sha256"]
+    );
+    assert_ne!(
+        records[0]["admin_key_sha256"],
+        records[2]["admin_key_sha256"]
+    );
+
+    let (dir, copy) = empty_store();
+    let done = import_text(&*copy, &file, &import::Options::default())
+        .await
+        .unwrap();
+    assert_eq!(done.countapi, 3);
+    assert_eq!(export_text(&*copy).await, file);
+    import_text(&*copy, &file, &import::Options::default())
+        .await
+        .unwrap();
+    assert_eq!(export_text(&*copy).await, file);
+
+    // A gateway over the copy: the same admin key, the same bounds.
+    drop(copy);
+    let moved = TestApp::start_in_dir(Arc::new(dir), common::Options::default()).await;
+    assert_eq!(
+        moved.get("/countapi/get/mysite.com/likes").await.json,
+        json!({"value": 5})
+    );
+    let r = moved.get("/countapi/set/mysite.com/likes?value=42").await;
+    common::assert_error(&r, 403, "forbidden", &["admin_key"]);
+    let r = moved
+        .get(&format!(
+            "/countapi/set/mysite.com/likes?value=42&admin_key={other}"
+        ))
+        .await;
+    common::assert_error(&r, 403, "forbidden", &["not the admin key"]);
+    let r = moved
+        .get(&format!(
+            "/countapi/set/mysite.com/likes?value=42&admin_key={admin}"
+        ))
+        .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (200, json!({"old_value": 5, "value": 42}))
+    );
+    let r = moved
+        .get("/countapi/update/mysite.com/likes?amount=4")
+        .await;
+    common::assert_error(&r, 400, "invalid_request", &["update_upperbound 3"]);
+    assert_eq!(
+        moved
+            .get("/countapi/update/mysite.com/likes?amount=3")
+            .await
+            .json,
+        json!({"value": 45})
+    );
+    assert_eq!(
+        moved
+            .get("/countapi/set/mysite.com/resettable?value=7")
+            .await
+            .status,
+        200
+    );
+}
+
+/// Past the tenant's bound on namespaces, an import stops at the record
+/// past it, naming the bound, with nothing of its batch applied (the
+/// counter before it neither); `--skip-bad` sets that line aside.
+#[tokio::test]
+async fn a_countapi_record_past_the_bound_stops_the_import_with_nothing_of_its_batch_set() {
+    use counter_gateway::domain::countapi::{
+        CreatedKey, KeyRecord, KeyRules, Namespace, Restored, MAX_NAMESPACES,
+    };
+    let (_dir, store) = empty_store();
+    let record = |ns: String| KeyRecord {
+        namespace: Namespace {
+            name: ns,
+            admin_key_sha256: [7; 32],
+            created_ms: test_now().timestamp_millis(),
+        },
+        key: "key".into(),
+        created: CreatedKey {
+            rules: KeyRules::new(false, -1, 1).unwrap(),
+            created_ms: test_now().timestamp_millis(),
+        },
+    };
+    let full: Vec<KeyRecord> = (1..MAX_NAMESPACES)
+        .map(|i| record(format!("ns{i:05}")))
+        .collect();
+    assert_eq!(
+        store.countapi_restore(full).await.unwrap(),
+        Restored::Applied
+    );
+    let line = |ns: &str| format::countapi_line(&record(ns.into()));
+    let file = format!(
+        "{}{}\n{}{}{}",
+        format::header_line(),
+        json!({"kind": "counter", "entity": "E", "action": "A", "uuid": "u", "value": 4}),
+        line("last.one"),
+        line("one.more"),
+        line("ns00001"),
+    );
+    let e = import_text(&*store, &file, &import::Options::default())
+        .await
+        .unwrap_err();
+    assert!(e.contains("line 4:") && e.contains("namespaces"), "{e}");
+    assert_eq!(value(&*store, "u").await, None);
+    let page = store
+        .countapi_page(Some(("last".into(), String::new())), 10)
+        .await
+        .unwrap();
+    assert!(
+        page.iter().all(|r| r.namespace.name != "last.one"),
+        "{page:?}"
+    );
+
+    let skip = tempfile::NamedTempFile::new().unwrap();
+    let options = import::Options {
+        skip_bad: Some(skip.path().to_path_buf()),
+        ..import::Options::default()
+    };
+    let done = import_text(&*store, &file, &options).await.unwrap();
+    assert_eq!((done.countapi, done.bad, done.counters), (2, 1, 1));
+    assert!(std::fs::read_to_string(skip.path())
+        .unwrap()
+        .contains("one.more"));
+    assert_eq!(value(&*store, "u").await, Some(4));
 }

@@ -72,19 +72,25 @@ impl Mark {
     /// A mark from its [`Mark::hex`] form: exactly 32 lower-case hex
     /// digits (what `export` writes), so one mark has one spelling.
     pub fn from_hex(text: &str) -> Option<Mark> {
-        if text.len() != 32
-            || !text
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
-            return None;
-        }
-        let mut out = [0u8; 16];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
-        }
-        Some(Mark(out))
+        from_hex::<16>(text).map(Mark)
     }
+}
+
+/// `N` bytes from exactly `2 * N` lower-case hex digits ([`to_hex`]'s
+/// form, so a value has one spelling); `None` otherwise.
+pub fn from_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N
+        || !text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
 }
 
 /// Lower-case hex of `bytes`.

@@ -135,6 +135,35 @@ pub struct Records {
     pub key: Option<CreatedKey>,
 }
 
+/// A key made by `create` with its namespace's record: what export writes
+/// and import restores of CountAPI (`countapi` records), so a move to
+/// another store keeps who may `set` and what `update` allows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub namespace: Namespace,
+    pub key: String,
+    pub created: CreatedKey,
+}
+
+impl KeyRecord {
+    /// Where export pages resume: (namespace, key), bytewise.
+    pub fn cursor(&self) -> (String, String) {
+        (self.namespace.name.clone(), self.key.clone())
+    }
+}
+
+/// What a restore of [`KeyRecord`]s did, or why it did nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restored {
+    /// Every record is set: the namespace takes the record's admin key and
+    /// the key its rules and times (importing sets, as it does counters).
+    Applied,
+    /// The record at this index would make the tenant hold more than
+    /// [`MAX_NAMESPACES`] namespaces or [`MAX_CREATED_KEYS`] keys, as its
+    /// `&str` says: nothing of the call was written.
+    Full(usize, &'static str),
+}
+
 /// What a `create` asks the store to record, at once: the namespace (when
 /// it has none: with this admin key's digest) and the key's rules.
 #[derive(Clone, Debug)]

@@ -18,8 +18,8 @@ mod time;
 mod window;
 
 pub use actor::{
-    to_hex, validate_actor, ActorKey, Mark, Scope, Unique, FINGERPRINT_HEX, MAX_ACTOR_BYTES,
-    MIN_ACTOR_SECRET_BYTES,
+    from_hex, to_hex, validate_actor, ActorKey, Mark, Scope, Unique, FINGERPRINT_HEX,
+    MAX_ACTOR_BYTES, MIN_ACTOR_SECRET_BYTES,
 };
 pub use average::SampleSpec;
 pub use backfill::{parse_day, CounterSet, DaySet, DaySetSpec};

@@ -168,6 +168,14 @@ impl Store for EmptyStore {
         Err(StoreError::Internal(NO_WRITES.into()))
     }
 
+    async fn countapi_page(
+        &self,
+        _after: Option<(String, String)>,
+        _limit: usize,
+    ) -> Result<Vec<crate::domain::countapi::KeyRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+
     async fn published_page(
         &self,
         _after: Option<(String, String)>,

@@ -357,6 +357,26 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<crate::domain::countapi::Created, StoreError> {
         Err(StoreError::Internal(NO_COUNTAPI.into()))
     }
+    /// Export: up to `limit` keys made by CountAPI's `create`, after
+    /// `after` (namespace, key; exclusive), in that order bytewise, each
+    /// with its namespace's record. A default that refuses, as the other
+    /// CountAPI calls do: an export through a store that keeps none fails
+    /// rather than leaving the records out.
+    async fn countapi_page(
+        &self,
+        _after: Option<(String, String)>,
+        _limit: usize,
+    ) -> Result<Vec<crate::domain::countapi::KeyRecord>, StoreError> {
+        Err(StoreError::Internal(NO_COUNTAPI.into()))
+    }
+    /// Import: sets `records` (see [`crate::domain::countapi::Restored`]),
+    /// durably when it answers `Applied`; past a bound, nothing.
+    async fn countapi_restore(
+        &self,
+        _records: Vec<crate::domain::countapi::KeyRecord>,
+    ) -> Result<crate::domain::countapi::Restored, StoreError> {
+        Err(StoreError::Internal(NO_COUNTAPI.into()))
+    }
     /// Export: up to `limit` publication times set, of the targets after
     /// `after` (entity, uuid; exclusive), in (entity, uuid) order, each
     /// bytewise, as [`Store::counter_page`] orders keys: two stores'

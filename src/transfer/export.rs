@@ -1,13 +1,15 @@
 //! `export`: a tenant's counters, then its averages, each with its day
-//! buckets, then its targets' publication times, then the marks of its
+//! buckets, then its targets' publication times, then CountAPI's records
+//! (keys made by `create`, with their namespaces), then the marks of its
 //! actors, written as NDJSON in key order, a page at a time (memory holds
 //! one page, whatever the store's size).
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::format;
+use crate::domain::countapi::KeyRecord;
 use crate::domain::CounterKey;
-use crate::store::{ActorMark, MarkKeying, Store};
+use crate::store::{ActorMark, MarkKeying, Store, StoreError};
 
 /// Counters (or averages) read per page. A page holds each one's days too
 /// (up to the retention's 400), so this bounds memory to some 10 MB.
@@ -15,6 +17,9 @@ pub const PAGE: usize = 500;
 
 /// Marks read per page: some 150 bytes each.
 pub const MARK_PAGE: usize = 5_000;
+
+/// CountAPI records read per page: some 300 bytes each.
+pub const COUNTAPI_PAGE: usize = 1_000;
 
 /// Publication times read per page: some 100 bytes each.
 pub const PUBLISHED_PAGE: usize = 5_000;
@@ -30,6 +35,8 @@ pub struct Exported {
     pub marks: u64,
     /// Targets' publication times.
     pub published: u64,
+    /// CountAPI keys with their namespaces' records.
+    pub countapi: u64,
     /// The `actor_secret` line was written (the file holds marks, and
     /// their secret's fingerprint was known).
     pub fingerprint: bool,
@@ -42,6 +49,7 @@ impl Exported {
             + self.counters
             + self.averages
             + self.published
+            + self.countapi
             + self.marks
     }
 }
@@ -155,34 +163,26 @@ pub async fn write<W: AsyncWrite + Unpin>(
         }
         after = page.last().map(|a| a.key.clone());
     }
-    let mut after: Option<(String, String)> = None;
-    loop {
-        let page = store
-            .published_page(after.clone(), PUBLISHED_PAGE)
-            .await
-            .map_err(|e| format!("reading publication times failed: {e}"))?;
-        // Each target once, in order: a store paging wrongly would
-        // otherwise repeat a page for ever.
-        let mut last = after.take();
-        for p in &page {
-            let key = p.cursor();
-            if last.as_ref().is_some_and(|l| *l >= key) {
-                return Err(format!(
-                    "reading publication times failed: the store listed {}/{} out of order",
-                    p.entity, p.uuid
-                ));
-            }
-            last = Some(key);
-        }
-        let text: String = page.iter().map(format::published_line).collect();
-        done.published += page.len() as u64;
-        out.write_all(text.as_bytes()).await.map_err(io)?;
-        progress.inc(page.len() as u64);
-        if page.len() < PUBLISHED_PAGE {
-            break;
-        }
-        after = last;
-    }
+    done.published = write_named(
+        "publication times",
+        PUBLISHED_PAGE,
+        |after| store.published_page(after, PUBLISHED_PAGE),
+        |p: &crate::store::TargetPublished| p.cursor(),
+        format::published_line,
+        out,
+        progress,
+    )
+    .await?;
+    done.countapi = write_named(
+        "CountAPI records",
+        COUNTAPI_PAGE,
+        |after| store.countapi_page(after, COUNTAPI_PAGE),
+        KeyRecord::cursor,
+        format::countapi_line,
+        out,
+        progress,
+    )
+    .await?;
     let mut after: Option<ActorMark> = None;
     if what.marks {
         loop {
@@ -205,4 +205,52 @@ pub async fn write<W: AsyncWrite + Unpin>(
     }
     out.flush().await.map_err(io)?;
     Ok(done)
+}
+
+/// Writes every record a store lists by a (name, name) cursor, a page of
+/// `page_size` at a time, as `line` writes each; answers how many. Each
+/// record once, in order: a store paging wrongly would otherwise repeat a
+/// page for ever.
+async fn write_named<T, W, F, Fut>(
+    what: &str,
+    page_size: usize,
+    mut fetch: F,
+    cursor: fn(&T) -> (String, String),
+    line: fn(&T) -> String,
+    out: &mut W,
+    progress: &indicatif::ProgressBar,
+) -> Result<u64, String>
+where
+    W: AsyncWrite + Unpin,
+    F: FnMut(Option<(String, String)>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<T>, StoreError>>,
+{
+    let mut written = 0;
+    let mut after: Option<(String, String)> = None;
+    loop {
+        let page = fetch(after.clone())
+            .await
+            .map_err(|e| format!("reading {what} failed: {e}"))?;
+        let mut last = after.take();
+        for r in &page {
+            let key = cursor(r);
+            if last.as_ref().is_some_and(|l| *l >= key) {
+                return Err(format!(
+                    "reading {what} failed: the store listed {}/{} out of order",
+                    key.0, key.1
+                ));
+            }
+            last = Some(key);
+        }
+        let text: String = page.iter().map(line).collect();
+        written += page.len() as u64;
+        out.write_all(text.as_bytes())
+            .await
+            .map_err(|e| format!("writing the export failed: {e}"))?;
+        progress.inc(page.len() as u64);
+        if page.len() < page_size {
+            return Ok(written);
+        }
+        after = last;
+    }
 }

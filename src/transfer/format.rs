@@ -13,6 +13,7 @@
 //! {"kind":"published","entity":"ARTICLE","uuid":"a1","published":"2026-11-20T08:30:00.000Z"}
 //! {"kind":"mark","entity":"ARTICLE","action":"like","uuid":"a1","scope":"ever","mark":"<32 hex>","state":"counted"}
 //! {"kind":"mark","entity":"ARTICLE","action":"VIEW","uuid":"a1","scope":"day","day":"2026-11-30","mark":"<32 hex>","state":"counted"}
+//! {"kind":"countapi","namespace":"site.com","key":"visits","admin_key_sha256":"<64 hex>","namespace_created":"...","enable_reset":false,"update_lowerbound":-1,"update_upperbound":1,"created":"..."}
 //! ```
 //!
 //! `keyed_for` names the tenant the marks are keyed for (the tenant is in
@@ -35,6 +36,12 @@
 //! `published` line, or with `--skip-bad` setting every publication time
 //! aside: a file of this build goes into an older gateway not at all,
 //! rather than without its publication times.
+//!
+//! Version 4 added `countapi` records: a key made by CountAPI's `create`
+//! (its rules) with its namespace's record (the SHA-256 of its admin key,
+//! never the key), so a namespace moved to another store keeps its admin
+//! key and its keys their bounds. Earlier versions are read as they were;
+//! a version 3 reader refuses a version 4 file at its header, as above.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -44,6 +51,7 @@ use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
+use crate::domain::countapi::{CreatedKey, KeyRecord, KeyRules, Namespace};
 use crate::domain::milestone::{parse_published, Published};
 use crate::domain::{
     day_of, format_day, format_ms, parse_day, validate_name, CounterKey, DaySet, DaySetSpec,
@@ -57,10 +65,10 @@ use crate::store::{
 /// The `format` of the header line.
 pub const FORMAT: &str = "counter-gateway";
 /// The version this build writes.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// The versions this build reads.
-pub const READS: [u32; 3] = [1, 2, 3];
+pub const READS: [u32; 4] = [1, 2, 3, 4];
 
 /// The header line, with its newline.
 pub fn header_line() -> String {
@@ -130,6 +138,36 @@ struct PublishedOut<'a> {
     entity: &'a str,
     uuid: &'a str,
     published: String,
+}
+
+#[derive(Serialize)]
+struct CountapiOut<'a> {
+    kind: &'static str,
+    namespace: &'a str,
+    key: &'a str,
+    admin_key_sha256: String,
+    namespace_created: String,
+    enable_reset: bool,
+    update_lowerbound: i64,
+    update_upperbound: i64,
+    created: String,
+}
+
+/// The line of a key made by CountAPI's `create`, with its namespace's
+/// record (with its newline).
+pub fn countapi_line(r: &KeyRecord) -> String {
+    let rules = r.created.rules;
+    line(&CountapiOut {
+        kind: "countapi",
+        namespace: &r.namespace.name,
+        key: &r.key,
+        admin_key_sha256: crate::domain::to_hex(&r.namespace.admin_key_sha256),
+        namespace_created: format_ms(r.namespace.created_ms),
+        enable_reset: rules.enable_reset,
+        update_lowerbound: rules.update_lowerbound,
+        update_upperbound: rules.update_upperbound,
+        created: format_ms(r.created.created_ms),
+    })
 }
 
 /// The line of a target's publication time (with its newline).
@@ -316,6 +354,14 @@ struct Fields {
     fingerprint: Option<String>,
     keyed_for: Option<String>,
     published: Option<String>,
+    namespace: Option<String>,
+    key: Option<String>,
+    admin_key_sha256: Option<String>,
+    namespace_created: Option<String>,
+    enable_reset: Option<bool>,
+    update_lowerbound: Option<i64>,
+    update_upperbound: Option<i64>,
+    created: Option<String>,
 }
 
 impl Fields {
@@ -345,6 +391,14 @@ impl Fields {
             ("fingerprint", self.fingerprint.is_some()),
             ("keyed_for", self.keyed_for.is_some()),
             ("published", self.published.is_some()),
+            ("namespace", self.namespace.is_some()),
+            ("key", self.key.is_some()),
+            ("admin_key_sha256", self.admin_key_sha256.is_some()),
+            ("namespace_created", self.namespace_created.is_some()),
+            ("enable_reset", self.enable_reset.is_some()),
+            ("update_lowerbound", self.update_lowerbound.is_some()),
+            ("update_upperbound", self.update_upperbound.is_some()),
+            ("created", self.created.is_some()),
         ];
         match given
             .iter()
@@ -373,6 +427,9 @@ pub enum Record {
     /// A target's publication time, set as an admin's `PUT` sets it
     /// (replacing what is there).
     Published(TargetPublished),
+    /// A key made by CountAPI's `create` with its namespace's record, set
+    /// as they are (importing sets).
+    Countapi(KeyRecord),
     /// A `day` mark of a day past the retention: left out (the store would
     /// delete it, and no event of that day is accepted any more), so that a
     /// file exported yesterday still imports today.
@@ -425,8 +482,9 @@ pub fn parse(line: &str, rules: &Rules) -> Result<Record, String> {
         "mark" => mark(&fields, rules),
         "actor_secret" => actor_secret(&fields),
         "published" => published(&fields, rules).map(Record::Published),
+        "countapi" => countapi(&fields, rules).map(Record::Countapi),
         other => Err(format!(
-            "unknown record kind {:?}: expected header, actor_secret, counter, average, day, published or mark",
+            "unknown record kind {:?}: expected header, actor_secret, counter, average, day, published, mark or countapi",
             other.chars().take(40).collect::<String>()
         )),
     }
@@ -577,6 +635,67 @@ fn published(f: &Fields, rules: &Rules) -> Result<TargetPublished, String> {
             why.as_str()
         )),
     }
+}
+
+/// A CountAPI key with its namespace's record: names by CountAPI's rule,
+/// the digest as export writes it, rules `create` would take, times that
+/// are RFC 3339 and not ahead of the clock plus the allowed skew.
+fn countapi(f: &Fields, rules: &Rules) -> Result<KeyRecord, String> {
+    f.only(&[
+        "namespace",
+        "key",
+        "admin_key_sha256",
+        "namespace_created",
+        "enable_reset",
+        "update_lowerbound",
+        "update_upperbound",
+        "created",
+    ])?;
+    let text = |name: &str, v: &Option<String>| -> Result<String, String> {
+        v.clone().ok_or_else(|| format!("missing field `{name}`"))
+    };
+    let namespace = text("namespace", &f.namespace)?;
+    let key = text("key", &f.key)?;
+    crate::domain::countapi::validate("namespace", &namespace)?;
+    crate::domain::countapi::validate("key", &key)?;
+    let hex = text("admin_key_sha256", &f.admin_key_sha256)?;
+    let digest = crate::domain::from_hex::<32>(&hex).ok_or_else(|| {
+        format!(
+            "admin_key_sha256 must be 64 hex digits (a SHA-256, as export writes it), not {hex:?}"
+        )
+    })?;
+    let time = |name: &str, v: &Option<String>| -> Result<i64, String> {
+        let raw = text(name, v)?;
+        let at = DateTime::parse_from_rfc3339(&raw)
+            .map_err(|e| format!("{name} {raw:?} is not an RFC 3339 time: {e}"))?
+            .timestamp_millis();
+        if at > rules.latest_ms() {
+            return Err(format!(
+                "{name} {raw} is ahead of the clock (plus the allowed skew)"
+            ));
+        }
+        Ok(at)
+    };
+    let bool_field =
+        |name: &str, v: Option<bool>| v.ok_or_else(|| format!("missing field `{name}`"));
+    let int_field = |name: &str, v: Option<i64>| v.ok_or_else(|| format!("missing field `{name}`"));
+    let key_rules = KeyRules::new(
+        bool_field("enable_reset", f.enable_reset)?,
+        int_field("update_lowerbound", f.update_lowerbound)?,
+        int_field("update_upperbound", f.update_upperbound)?,
+    )?;
+    Ok(KeyRecord {
+        namespace: Namespace {
+            name: namespace,
+            admin_key_sha256: digest,
+            created_ms: time("namespace_created", &f.namespace_created)?,
+        },
+        key,
+        created: CreatedKey {
+            rules: key_rules,
+            created_ms: time("created", &f.created)?,
+        },
+    })
 }
 
 fn key(f: &Fields) -> Result<CounterKey, String> {
@@ -797,6 +916,7 @@ fn day(f: &Fields, rules: &Rules) -> Result<DaySet, String> {
 mod tests {
     use super::*;
     use crate::domain::Counter;
+    use serde_json::json;
 
     fn rules() -> Rules {
         Rules {
@@ -1205,6 +1325,51 @@ mod tests {
             )
             .unwrap_err();
             assert!(e.contains("16 lower-case hex"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_countapi_record_round_trips_and_bad_ones_are_named() {
+        let r = KeyRecord {
+            namespace: Namespace {
+                name: "site.com".into(),
+                admin_key_sha256: [0xab; 32],
+                created_ms: (today() - 3) * 86_400_000 + 17,
+            },
+            key: "visits".into(),
+            created: CreatedKey {
+                rules: KeyRules::new(true, -2, 5).unwrap(),
+                created_ms: today() * 86_400_000,
+            },
+        };
+        let line = countapi_line(&r);
+        assert!(line.contains(&"ab".repeat(32)), "{line}");
+        assert_eq!(parse(line.trim_end(), &rules()), Ok(Record::Countapi(r)));
+        let good: Value = serde_json::from_str(&line).unwrap();
+        for (field, value, says) in [
+            ("namespace", json!("ab"), "3 to 64 characters"),
+            ("key", json!("a/b/c"), "may hold only"),
+            ("admin_key_sha256", json!("AB".repeat(32)), "64 hex digits"),
+            ("admin_key_sha256", json!("ab".repeat(31)), "64 hex digits"),
+            ("update_lowerbound", json!(1), "update_lowerbound"),
+            ("update_upperbound", json!(-1), "update_upperbound"),
+            ("created", json!("yesterday"), "not an RFC 3339 time"),
+            (
+                "namespace_created",
+                json!("2028-03-02T00:00:00Z"),
+                "ahead of the clock",
+            ),
+            ("enable_reset", json!(null), "missing field `enable_reset`"),
+            (
+                "value",
+                json!(3),
+                "field `value` is not part of a countapi record",
+            ),
+        ] {
+            let mut bad = good.clone();
+            bad[field] = value;
+            let e = parse(&bad.to_string(), &rules()).unwrap_err();
+            assert!(e.contains(says), "{field}: {e}");
         }
     }
 }

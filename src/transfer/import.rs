@@ -20,6 +20,12 @@
 //! returns, like `Store::import`, so the checkpoint written after the two
 //! covers both, and a batch replayed sets the same times again.
 //!
+//! CountAPI's records (`countapi`: a key made by `create` with its
+//! namespace's admin key digest) are set before the rest of their batch
+//! with `Store::countapi_restore`, all of them or, past the tenant's
+//! bounds on namespaces and keys, none: the line past the bound is then
+//! bad, and nothing of its batch was applied.
+//!
 //! Marks of actors are set like the rest, after the file's `actor_secret`
 //! record (if any) was admitted by [`SecretCheck`]: a file whose marks were
 //! keyed with another secret than the store's gateways use is refused
@@ -37,6 +43,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt};
 
 use super::format::{self, Record, Rules};
 use super::secret::SecretCheck;
+use crate::domain::countapi::Restored;
 use crate::domain::{CounterKey, Mark};
 use crate::store::{ImportBatch, ImportEntry, ImportOutcome, PublishedSet, Store};
 
@@ -103,6 +110,8 @@ pub struct Imported {
     pub marks_skipped: u64,
     /// Targets' publication times set.
     pub published: u64,
+    /// CountAPI keys (with their namespaces' records) set.
+    pub countapi: u64,
 }
 
 /// The batch being gathered, with the line each entry came from.
@@ -117,6 +126,10 @@ struct Pending {
     published: Vec<PublishedSet>,
     published_lines: Vec<(u64, String)>,
     targets: HashSet<(String, String)>,
+    /// CountAPI's records, set before the batch's import.
+    countapi: Vec<crate::domain::countapi::KeyRecord>,
+    countapi_lines: Vec<(u64, String)>,
+    countapi_keys: HashSet<(String, String)>,
     marks: HashSet<(CounterKey, Option<i64>, Mark)>,
     with_record: HashSet<CounterKey>,
     with_days: HashSet<CounterKey>,
@@ -133,6 +146,7 @@ impl Pending {
             + self.day_lines.len()
             + self.mark_lines.len()
             + self.published_lines.len()
+            + self.countapi_lines.len()
     }
 
     /// Whether `r` names what the batch names already (the same counter or
@@ -150,6 +164,7 @@ impl Pending {
             }
             Record::Mark(m) => self.marks.contains(&(m.key.clone(), m.day, m.mark)),
             Record::Published(p) => self.targets.contains(&p.cursor()),
+            Record::Countapi(c) => self.countapi_keys.contains(&c.cursor()),
             Record::Header(_) | Record::ActorSecret(_) | Record::ExpiredMark => false,
         }
     }
@@ -192,6 +207,11 @@ impl Pending {
                     replace: true,
                 });
                 self.published_lines.push((line, raw));
+            }
+            Record::Countapi(c) => {
+                self.countapi_keys.insert(c.cursor());
+                self.countapi.push(c);
+                self.countapi_lines.push((line, raw));
             }
             Record::Header(_) | Record::ActorSecret(_) | Record::ExpiredMark => {}
         }
@@ -363,6 +383,7 @@ impl Run<'_> {
             .chain(&p.day_lines)
             .chain(&p.mark_lines)
             .chain(&p.published_lines)
+            .chain(&p.countapi_lines)
             .map(|(l, _)| *l)
             .max()
             .unwrap_or(p.first_line);
@@ -372,6 +393,29 @@ impl Run<'_> {
                 run.resume_hint(first)
             )
         };
+        while !p.countapi.is_empty() {
+            match self.store.countapi_restore(p.countapi.clone()).await {
+                Ok(Restored::Applied) => break,
+                Ok(Restored::Full(i, what)) => {
+                    let reason = format!(
+                        "setting it would make the tenant hold more {what} than a gateway keeps ({} namespaces, {} keys)",
+                        crate::domain::countapi::MAX_NAMESPACES,
+                        crate::domain::countapi::MAX_CREATED_KEYS
+                    );
+                    let line = p.countapi_lines[i].0;
+                    if self.skip.is_none() {
+                        return Err(format!(
+                            "line {line}: {reason}\n{}; correct or remove line {line} first, or pass --skip-bad FILE to set bad lines aside and go on",
+                            self.resume_hint(p.first_line)
+                        ));
+                    }
+                    p.countapi.remove(i);
+                    let (line, raw) = p.countapi_lines.remove(i);
+                    self.bad(line, &reason, &raw, p.first_line)?;
+                }
+                Err(e) => return Err(failed(e, self, p.first_line)),
+            }
+        }
         // A batch of publication times only has nothing to import.
         while !p.batch.is_empty() {
             match self.store.import(p.batch.clone()).await {
@@ -402,6 +446,7 @@ impl Run<'_> {
         self.done.day_records += p.day_lines.len() as u64;
         self.done.marks += p.mark_lines.len() as u64;
         self.done.published += p.published_lines.len() as u64;
+        self.done.countapi += p.countapi_lines.len() as u64;
         self.done.days += p.days as u64;
         self.applied = last_line;
         if let Some(c) = &self.options.checkpoint {
@@ -414,6 +459,7 @@ impl Run<'_> {
                 + self.done.day_records
                 + self.done.marks
                 + self.done.published
+                + self.done.countapi
         ));
         Ok(())
     }

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use super::secret::{given_fingerprint, SecretCheck};
 use super::{export, format, import, open_elasticsearch, open_embedded, progress, Unit};
 use crate::config::{SecretArgs, StoreArgs};
+use crate::domain::countapi::KeyRecord;
 use crate::domain::{format_day, Clock, CounterKey};
 use crate::store::{
     ActorMark, AverageHistory, CounterHistory, MarkState, Store, StoreError, TargetPublished,
@@ -204,7 +205,8 @@ fn state_text(s: MarkState) -> String {
 }
 
 /// Reads `from` and `to` side by side in key order, a page at a time, and
-/// compares each counter, average, publication time and mark of `from`
+/// compares each counter, average, publication time, CountAPI record and
+/// mark of `from`
 /// with the cluster's.
 pub async fn verify(from: &dyn Store, to: &dyn Store, from_day: i64) -> Result<Verified, String> {
     verify_with(from, to, from_day, true).await
@@ -221,6 +223,7 @@ pub async fn verify_with(
     walk::<CounterHistory>(&mut v, from, to, from_day).await?;
     walk::<AverageHistory>(&mut v, from, to, from_day).await?;
     walk::<TargetPublished>(&mut v, from, to, from_day).await?;
+    walk::<KeyRecord>(&mut v, from, to, from_day).await?;
     if marks {
         walk::<ActorMark>(&mut v, from, to, from_day).await?;
     }
@@ -329,6 +332,47 @@ impl Listed for ActorMark {
                 mark_text(a),
                 state_text(a.state),
                 state_text(b.state)
+            ));
+        }
+    }
+}
+
+impl Listed for KeyRecord {
+    const WHAT: &'static str = "CountAPI records";
+    const PAGE: usize = export::COUNTAPI_PAGE;
+    /// `String`s order bytewise, as both stores list keys.
+    type Order = (String, String);
+    type Cursor = (String, String);
+    async fn page(
+        store: &dyn Store,
+        after: Option<(String, String)>,
+        _from_day: i64,
+    ) -> Result<Vec<Self>, StoreError> {
+        store.countapi_page(after, Self::PAGE).await
+    }
+    fn order(&self) -> Self::Order {
+        self.cursor()
+    }
+    fn cursor(&self) -> Self::Cursor {
+        KeyRecord::cursor(self)
+    }
+    fn name(&self) -> String {
+        format!("CountAPI key {}/{}", self.namespace.name, self.key)
+    }
+    fn compare(v: &mut Verified, a: &Self, b: &Self) {
+        // The digest is not named: it is the admin key's only record.
+        if a.namespace.admin_key_sha256 != b.namespace.admin_key_sha256 {
+            v.differ(format!(
+                "{}: its namespace's admin key differs in the cluster",
+                a.name()
+            ));
+        }
+        if a.created != b.created || a.namespace.created_ms != b.namespace.created_ms {
+            v.differ(format!(
+                "{}: {:?} in the embedded store, {:?} in the cluster",
+                a.name(),
+                (a.created, a.namespace.created_ms),
+                (b.created, b.namespace.created_ms)
             ));
         }
     }
@@ -494,17 +538,20 @@ pub async fn copy(
     if imported.counters != exported.counters
         || imported.averages != exported.averages
         || imported.published != exported.published
+        || imported.countapi != exported.countapi
         || imported.marks != exported.marks
     {
         return Err(format!(
-            "{} counters, {} averages, {} publication times and {} marks were exported, but {}, {}, {} and {} imported",
+            "{} counters, {} averages, {} publication times, {} CountAPI keys and {} marks were exported, but {}, {}, {}, {} and {} imported",
             exported.counters,
             exported.averages,
             exported.published,
+            exported.countapi,
             exported.marks,
             imported.counters,
             imported.averages,
             imported.published,
+            imported.countapi,
             imported.marks
         ));
     }
@@ -680,11 +727,12 @@ pub async fn run_with(
         done.marks += copied.marks;
         let v = verify_with(&from, &*to, rules.oldest_day(), marks).await?;
         eprintln!(
-            "tenant {tenant}: copied {} counters and {} averages ({} day buckets), {} publication times and {} marks of actors in {:.1} s; verified {} of them: {}",
+            "tenant {tenant}: copied {} counters and {} averages ({} day buckets), {} publication times, {} CountAPI keys and {} marks of actors in {:.1} s; verified {} of them: {}",
             copied.counters,
             copied.averages,
             copied.days,
             copied.published,
+            copied.countapi,
             copied.marks,
             started.elapsed().as_secs_f64(),
             v.compared,

@@ -310,11 +310,12 @@ pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
     };
     bar.finish_and_clear();
     eprintln!(
-        "exported {} counters and {} averages with {} day buckets, {} publication times and {} marks of actors ({} lines) of tenant {} to {} in {:.1} s",
+        "exported {} counters and {} averages with {} day buckets, {} publication times, {} CountAPI keys and {} marks of actors ({} lines) of tenant {} to {} in {:.1} s",
         done.counters,
         done.averages,
         done.days,
         done.published,
+        done.countapi,
         done.marks,
         done.lines(),
         args.tenant,
@@ -387,12 +388,13 @@ pub async fn run_import(args: ImportArgs, clock: Clock) -> Result<(), String> {
     bar.finish_and_clear();
     let done = done?;
     eprintln!(
-        "imported {} counters, {} averages, {} day records ({} day buckets set), {} publication times and {} marks of actors into tenant {} from {} in {:.1} s{}{}{}",
+        "imported {} counters, {} averages, {} day records ({} day buckets set), {} publication times, {} CountAPI keys and {} marks of actors into tenant {} from {} in {:.1} s{}{}{}",
         done.counters,
         done.averages,
         done.day_records,
         done.days,
         done.published,
+        done.countapi,
         done.marks,
         args.tenant,
         options.input_name,

@@ -17,6 +17,11 @@
 //! which sees records after the refresh (`refresh=wait_for` on every
 //! create makes that the next one): creates racing each other may pass
 //! the bound by their number. Reads are realtime GETs.
+//!
+//! Export pages the key documents sorted by namespace then key (keywords
+//! sort bytewise, as the embedded store's rows) and reads their
+//! namespaces' documents beside them; import sets whole documents with
+//! one `_bulk` per batch, after counting what it adds against the bounds.
 
 use elasticsearch::http::Method;
 use serde_json::{json, Value};
@@ -25,7 +30,8 @@ use super::client::status_error;
 use super::request::encode_path_segment;
 use super::ElasticsearchStore;
 use crate::domain::countapi::{
-    Created, CreatedKey, Creation, KeyRules, Namespace, Records, MAX_CREATED_KEYS, MAX_NAMESPACES,
+    Created, CreatedKey, Creation, KeyRecord, KeyRules, Namespace, Records, Restored,
+    MAX_CREATED_KEYS, MAX_NAMESPACES,
 };
 use crate::store::StoreError;
 
@@ -67,17 +73,10 @@ fn bad(what: &str, src: &Value) -> StoreError {
 }
 
 fn parse_namespace(name: &str, src: &Value) -> Result<Namespace, StoreError> {
-    let hex = src["admin_key_sha256"]
+    let digest = src["admin_key_sha256"]
         .as_str()
+        .and_then(crate::domain::from_hex::<32>)
         .ok_or_else(|| bad("namespace", src))?;
-    let mut digest = [0u8; 32];
-    if hex.len() != 64 {
-        return Err(bad("namespace", src));
-    }
-    for (i, chunk) in hex.as_bytes().chunks(2).enumerate() {
-        let s = std::str::from_utf8(chunk).map_err(|_| bad("namespace", src))?;
-        digest[i] = u8::from_str_radix(s, 16).map_err(|_| bad("namespace", src))?;
-    }
     Ok(Namespace {
         name: name.to_string(),
         admin_key_sha256: digest,
@@ -103,6 +102,47 @@ fn parse_key(src: &Value) -> Result<CreatedKey, StoreError> {
         rules,
         created_ms: src["created"].as_i64().ok_or_else(|| bad("key", src))?,
     })
+}
+
+/// The documents of a restore, namespaces first: one per namespace (the
+/// batch's last record of it wins), then one per key.
+fn restore_bulk(index: &str, records: &[KeyRecord]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(records.len() * 400);
+    let mut line = |v: Value| {
+        // Serializing a Value cannot fail.
+        let _ = serde_json::to_writer(&mut body, &v);
+        body.push(b'\n');
+    };
+    let mut namespaces: Vec<&Namespace> = Vec::new();
+    for r in records {
+        match namespaces.iter_mut().find(|n| n.name == r.namespace.name) {
+            Some(n) => *n = &r.namespace,
+            None => namespaces.push(&r.namespace),
+        }
+    }
+    for n in namespaces {
+        line(json!({"index": {"_index": index, "_id": namespace_id(&n.name), "routing": n.name}}));
+        line(json!({
+            "kind": "namespace",
+            "namespace": n.name,
+            "admin_key_sha256": crate::domain::to_hex(&n.admin_key_sha256),
+            "created": n.created_ms,
+        }));
+    }
+    for r in records {
+        let ns = &r.namespace.name;
+        line(json!({"index": {"_index": index, "_id": key_id(ns, &r.key), "routing": ns}}));
+        line(json!({
+            "kind": "key",
+            "namespace": ns,
+            "key": r.key,
+            "enable_reset": r.created.rules.enable_reset,
+            "update_lowerbound": r.created.rules.update_lowerbound,
+            "update_upperbound": r.created.rules.update_upperbound,
+            "created": r.created.created_ms,
+        }));
+    }
+    body
 }
 
 impl ElasticsearchStore {
@@ -208,6 +248,197 @@ impl ElasticsearchStore {
             None => None,
         };
         Ok(Records { namespace, key })
+    }
+
+    /// Which of `ids` (each with its routing) exist, by one realtime `_mget`.
+    async fn countapi_exist(&self, ids: &[(String, String)]) -> Result<Vec<bool>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let docs: Vec<Value> = ids
+            .iter()
+            .map(|(id, routing)| json!({"_id": id, "routing": routing, "_source": false}))
+            .collect();
+        let body = serde_json::to_vec(&json!({ "docs": docs }))
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        let answer = self
+            .call_ok(
+                Method::Post,
+                &format!("/{}/_mget", self.countapi_index()),
+                &[],
+                Some(body),
+                "reading CountAPI records",
+            )
+            .await?;
+        let found: Vec<bool> = answer
+            .get("docs")
+            .and_then(Value::as_array)
+            .map(|d| d.iter().map(|doc| doc["found"] == json!(true)).collect())
+            .unwrap_or_default();
+        if found.len() != ids.len() {
+            return Err(StoreError::Internal(format!(
+                "reading CountAPI records: {} answered for {} asked",
+                found.len(),
+                ids.len()
+            )));
+        }
+        Ok(found)
+    }
+
+    pub(super) async fn countapi_page_es(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<Vec<KeyRecord>, StoreError> {
+        let index = self.countapi_index();
+        if after.is_none() {
+            self.refresh_tenant(&index).await?;
+        }
+        let mut body = json!({
+            "size": limit.min(super::transfer::SEARCH_PAGE),
+            "track_total_hits": false,
+            "query": {"bool": {"filter": [{"term": {"kind": "key"}}]}},
+            "sort": [{"namespace": "asc"}, {"key": "asc"}],
+        });
+        if let Some((ns, key)) = &after {
+            body["search_after"] = json!([ns, key]);
+        }
+        let answer = self
+            .search(&format!("/{index}/_search"), &[], &body)
+            .await?;
+        let keys: Vec<&Value> = super::transfer::hits(&answer)?
+            .iter()
+            .map(|h| &h["_source"])
+            .collect();
+        let mut names: Vec<&str> = keys
+            .iter()
+            .filter_map(|k| k["namespace"].as_str())
+            .collect();
+        names.dedup();
+        let mut namespaces = std::collections::HashMap::new();
+        if !names.is_empty() {
+            let found = self
+                .search(
+                    &format!("/{index}/_search"),
+                    &[],
+                    &json!({
+                        "size": names.len(),
+                        "track_total_hits": false,
+                        "query": {"bool": {"filter": [
+                            {"term": {"kind": "namespace"}},
+                            {"terms": {"namespace": names}}
+                        ]}},
+                    }),
+                )
+                .await?;
+            for h in super::transfer::hits(&found)? {
+                let src = &h["_source"];
+                let name = src["namespace"]
+                    .as_str()
+                    .ok_or_else(|| bad("namespace", src))?;
+                namespaces.insert(name.to_string(), parse_namespace(name, src)?);
+            }
+        }
+        keys.into_iter()
+            .map(|src| {
+                let ns = src["namespace"].as_str().ok_or_else(|| bad("key", src))?;
+                let key = src["key"].as_str().ok_or_else(|| bad("key", src))?;
+                let namespace = namespaces.get(ns).cloned().ok_or_else(|| {
+                    StoreError::Internal(format!(
+                        "CountAPI key {ns}/{key} has no record of its namespace"
+                    ))
+                })?;
+                Ok(KeyRecord {
+                    namespace,
+                    key: key.to_string(),
+                    created: parse_key(src)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Counts what the batch adds against the bounds (after a refresh, so
+    /// the count sees every record written before), then sets the batch in
+    /// one `_bulk`, waiting for its refresh. Not one transaction: a failed
+    /// bulk may leave part of the batch set, which setting it again makes
+    /// whole (import says so and resumes).
+    pub(super) async fn countapi_restore_es(
+        &self,
+        records: Vec<KeyRecord>,
+    ) -> Result<Restored, StoreError> {
+        if records.is_empty() {
+            return Ok(Restored::Applied);
+        }
+        let index = self.countapi_index();
+        self.create_index(&index)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("creating {index}: {e}")))?;
+        self.refresh_tenant(&index).await?;
+        let mut ids: Vec<(String, String)> = Vec::with_capacity(records.len() * 2);
+        for r in &records {
+            let ns = &r.namespace.name;
+            ids.push((namespace_id(ns), ns.clone()));
+            ids.push((key_id(ns, &r.key), ns.clone()));
+        }
+        let found = self.countapi_exist(&ids).await?;
+        let mut namespaces = self.countapi_count("namespace").await?;
+        let mut keys = self.countapi_count("key").await?;
+        let mut added: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        for (i, r) in records.iter().enumerate() {
+            if !found[2 * i] && added.insert(r.namespace.name.as_str()) {
+                if namespaces >= MAX_NAMESPACES {
+                    return Ok(Restored::Full(i, "namespaces"));
+                }
+                namespaces += 1;
+            }
+            if !found[2 * i + 1] {
+                if keys >= MAX_CREATED_KEYS {
+                    return Ok(Restored::Full(i, "keys made by create"));
+                }
+                keys += 1;
+            }
+        }
+        let timeout = self.config.bulk_timeout_param();
+        let (status, answer) = self
+            .raw_call(
+                Method::Post,
+                "/_bulk",
+                &[("timeout", &timeout), ("refresh", "wait_for")],
+                Some(restore_bulk(&index, &records)),
+                Some("application/x-ndjson"),
+            )
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("elasticsearch: {}", e.message)))?;
+        if status != 200 {
+            return Err(status_error(
+                status,
+                format!(
+                    "setting CountAPI records answered {status} {}",
+                    super::response::describe_error(answer.get("error"))
+                ),
+            ));
+        }
+        let items = answer
+            .get("items")
+            .and_then(Value::as_array)
+            .ok_or_else(|| StoreError::Internal("a bulk answer without items".into()))?;
+        for item in items {
+            let result = item.as_object().and_then(|o| o.values().next());
+            let status = result
+                .and_then(|r| r.get("status"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0) as u16;
+            if !(200..300).contains(&status) {
+                return Err(status_error(
+                    status,
+                    format!(
+                        "setting CountAPI records: an item answered {status} {}",
+                        super::response::describe_error(result.and_then(|r| r.get("error")))
+                    ),
+                ));
+            }
+        }
+        Ok(Restored::Applied)
     }
 
     pub(super) async fn countapi_create_es(&self, c: Creation) -> Result<Created, StoreError> {

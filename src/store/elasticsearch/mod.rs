@@ -364,6 +364,21 @@ impl Store for ElasticsearchStore {
         self.countapi_create_es(creation).await
     }
 
+    async fn countapi_page(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<Vec<crate::domain::countapi::KeyRecord>, StoreError> {
+        self.countapi_page_es(after, limit).await
+    }
+
+    async fn countapi_restore(
+        &self,
+        records: Vec<crate::domain::countapi::KeyRecord>,
+    ) -> Result<crate::domain::countapi::Restored, StoreError> {
+        self.countapi_restore_es(records).await
+    }
+
     async fn published_page(
         &self,
         after: Option<(String, String)>,

@@ -42,7 +42,7 @@ use crate::store::{
 };
 
 /// Hits per search page: Elasticsearch's default result window.
-const SEARCH_PAGE: usize = 10_000;
+pub(super) const SEARCH_PAGE: usize = 10_000;
 
 /// Documents per `_mget`.
 const MGET_DOCS: usize = 1_000;

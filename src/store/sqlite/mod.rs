@@ -737,6 +737,21 @@ impl Store for SqliteStore {
         self.countapi_create_sql(creation).await
     }
 
+    async fn countapi_page(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<Vec<crate::domain::countapi::KeyRecord>, StoreError> {
+        self.countapi_page_sql(after, limit).await
+    }
+
+    async fn countapi_restore(
+        &self,
+        records: Vec<crate::domain::countapi::KeyRecord>,
+    ) -> Result<crate::domain::countapi::Restored, StoreError> {
+        self.countapi_restore_sql(records).await
+    }
+
     async fn import(&self, batch: ImportBatch) -> Result<ImportOutcome, StoreError> {
         self.check_halted()?;
         let last_write = self.last_write.clone();
