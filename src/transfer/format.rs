@@ -973,11 +973,11 @@ mod tests {
         assert_eq!(c.category.as_deref(), Some("news"));
         assert_eq!(
             header_line(),
-            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":3}\n"
+            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":4}\n"
         );
         assert_eq!(
             parse(header_line().trim_end(), &rules()),
-            Ok(Record::Header(3))
+            Ok(Record::Header(4))
         );
         // Version 2 files (no publication times) are read as they were.
         assert_eq!(
@@ -1089,8 +1089,8 @@ mod tests {
                 "quantity",
             ),
             (
-                r#"{"kind":"header","format":"counter-gateway","version":4}"#,
-                "versions 1 to 3",
+                r#"{"kind":"header","format":"counter-gateway","version":5}"#,
+                "versions 1 to 4",
             ),
             (
                 r#"{"kind":"day","entity":"E","action":"A","uuid":"u","day":"2026-01-01","value":1}"#,
