@@ -15,6 +15,7 @@ mod key;
 pub mod milestone;
 pub mod rank;
 mod time;
+pub mod trending;
 mod window;
 
 pub use actor::{
