@@ -92,6 +92,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                 clock.clone(),
             )
             .map_err(|e| e.to_string())?;
+            store.set_hourly_retention(args.store.hourly_retention_days);
             tracing::info!(data_dir = %args.store.data_dir.display(), durability = ?args.store.durability, "embedded store open");
             actor_key = match &configured_secret {
                 Some(k) => k.clone(),
@@ -99,11 +100,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             };
             (
                 Arc::new(store),
-                tenant::embedded(
+                tenant::embedded_hourly(
                     &args.store.data_dir,
                     args.store.durability,
                     args.store.idempotency_window,
                     args.store.retention_days,
+                    args.store.hourly_retention_days,
                     clock.clone(),
                 ),
             )
