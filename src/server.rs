@@ -35,7 +35,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         .elasticsearch
         .to_config(args.store.idempotency_window)?
     {
-        Some(es) => {
+        Some(mut es) => {
+            es.hourly_retention_days = args.store.hourly_retention_days;
             es.check_script_loops(args.max_events_per_request)?;
             let (url, prefix) = (es.urls.join(","), es.names.prefix().to_string());
             // Templates and scripts are installed once, for every tenant.
