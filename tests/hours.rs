@@ -289,6 +289,23 @@ async fn a_backfilled_day_has_no_exact_hours_and_says_so() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert!(hours(&app, "a", &format!("from={yesterday}")).await.1);
+    // A backfill of another pair leaves this pair's lists exact.
+    let r = app
+        .send(
+            app.http
+                .put(app.url(&counter_path(
+                    "VIDEO",
+                    "like",
+                    "a",
+                    &format!("/days/{yesterday}"),
+                )))
+                .json(&json!({"value": 4})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(top(&app, "interval=last_24_hours").await.1["exact"], true);
+    let j = get_ok(&app, "/v1/top/VIDEO/like?interval=last_24_hours").await;
+    assert_eq!(j["exact"], false);
 }
 
 #[tokio::test]

@@ -206,23 +206,44 @@ pub(super) fn expire(
     Ok(deleted)
 }
 
-/// Whether the hours of `range` are exact for `cid` (`None`: for every
-/// counter): no day of it before the first complete day, and no rest.
-fn exact(conn: &Connection, range: HourRange, cid: Option<i64>) -> Result<bool, StoreError> {
+/// Which counters an exactness check looks at.
+enum Of<'q> {
+    Counter(i64),
+    /// Every counter of an entity/action pair.
+    Pair(&'q str, &'q str),
+}
+
+/// Whether the hours of `range` are exact for the counters of `of`: no day
+/// of it before the first complete day, and no rest.
+fn exact(conn: &Connection, range: HourRange, of: Of<'_>) -> Result<bool, StoreError> {
     let days = range.days();
     if days.from_day < from_day(conn)? {
         return Ok(false);
     }
-    let rest: Option<i64> = conn
-        .prepare_cached(
-            "SELECT 1 FROM hour_rest WHERE day BETWEEN ?1 AND ?2
-                 AND (?3 IS NULL OR cid = ?3) AND (value IS NULL OR value != 0) LIMIT 1",
-        )
-        .and_then(|mut s| {
-            s.query_row(params![days.from_day, days.to_day, cid], |r| r.get(0))
+    const MOVED: &str = "r.day BETWEEN ?1 AND ?2 AND (r.value IS NULL OR r.value != 0)";
+    let rest: Option<i64> = match of {
+        Of::Counter(cid) => conn
+            .prepare_cached(&format!(
+                "SELECT 1 FROM hour_rest r INDEXED BY hour_rest_by_counter
+                 WHERE r.cid = ?3 AND {MOVED} LIMIT 1"
+            ))
+            .and_then(|mut s| {
+                s.query_row(params![days.from_day, days.to_day, cid], |r| r.get(0))
+                    .optional()
+            }),
+        Of::Pair(entity, action) => conn
+            .prepare_cached(&format!(
+                "SELECT 1 FROM hour_rest r JOIN counters c ON c.cid = r.cid
+                 WHERE {MOVED} AND c.entity = ?3 AND c.action = ?4 LIMIT 1"
+            ))
+            .and_then(|mut s| {
+                s.query_row(params![days.from_day, days.to_day, entity, action], |r| {
+                    r.get(0)
+                })
                 .optional()
-        })
-        .map_err(sql("hours::exact"))?;
+            }),
+    }
+    .map_err(sql("hours::exact"))?;
     Ok(rest.is_none())
 }
 
@@ -260,7 +281,7 @@ pub(super) fn histogram(
         .map_err(sql("hours::histogram"))?;
     Ok(Some(HourHistogram {
         buckets,
-        exact: exact(conn, range, Some(cid))?,
+        exact: exact(conn, range, Of::Counter(cid))?,
     }))
 }
 
@@ -279,7 +300,7 @@ pub(super) fn top(conn: &Connection, q: &TopHoursQuery) -> Result<TopList, Store
     .map_err(sql("hours::top"))?;
     Ok(TopList {
         entries,
-        exact: exact(conn, q.hours, None)?,
+        exact: exact(conn, q.hours, Of::Pair(&q.entity, &q.action))?,
     })
 }
 
