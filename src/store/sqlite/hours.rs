@@ -349,3 +349,85 @@ fn summed(conn: &Connection, q: &TopHoursQuery, wide: bool) -> rusqlite::Result<
     )?;
     rows.collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db(old_version: i64, today: i64) -> Connection {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(SCHEMA).unwrap();
+        note_start(&c, old_version, today).unwrap();
+        c
+    }
+
+    fn range(from_day: i64, to_day: i64) -> HourRange {
+        HourRange {
+            from_hour: from_day * 24,
+            to_hour: to_day * 24 + 23,
+        }
+    }
+
+    #[test]
+    fn an_upgraded_database_has_complete_hours_from_the_next_day_only() {
+        let today = 20_787;
+        let fresh = db(0, today);
+        assert!(exact(&fresh, range(today - 14, today), Of::Counter(1)).unwrap());
+        let upgraded = db(7, today);
+        assert_eq!(from_day(&upgraded).unwrap(), today + 1);
+        assert!(!exact(&upgraded, range(today, today), Of::Counter(1)).unwrap());
+        assert!(exact(&upgraded, range(today + 1, today + 1), Of::Counter(1)).unwrap());
+        // Noted once: a later open keeps it.
+        note_start(&upgraded, 8, today + 5).unwrap();
+        assert_eq!(from_day(&upgraded).unwrap(), today + 1);
+    }
+
+    #[test]
+    fn retention_records_the_first_complete_day_then_deletes_older_rows() {
+        let today = 20_787;
+        let c = db(0, today);
+        let mut rows = HourRows::prepare(&c).unwrap();
+        for day in [today - 20, today - 15, today - 14, today] {
+            rows.add(1, day * 24 + 5, 3).unwrap();
+            rows.rest(1, day, 2).unwrap();
+        }
+        drop(rows);
+        let deleted = expire(&c, today - 14, std::time::Duration::from_secs(5)).unwrap();
+        assert_eq!(deleted, 4);
+        assert_eq!(from_day(&c).unwrap(), today - 14);
+        let left: i64 = c
+            .query_row(
+                "SELECT count(*) FROM hours WHERE hour < ?1",
+                [(today - 14) * 24],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(left, 0);
+        let kept: i64 = c
+            .query_row("SELECT count(*) FROM hours", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(kept, 2);
+        // Never moved back by a shorter cut-off (a clock stepping back).
+        expire(&c, today - 20, std::time::Duration::from_secs(5)).unwrap();
+        assert_eq!(from_day(&c).unwrap(), today - 14);
+    }
+
+    #[test]
+    fn an_hour_that_would_leave_i64_is_kept_and_its_day_marked_unknown() {
+        let today = 20_787;
+        let c = db(0, today);
+        let mut rows = HourRows::prepare(&c).unwrap();
+        rows.add(1, today * 24, i128::from(i64::MAX)).unwrap();
+        rows.add(1, today * 24, 1).unwrap();
+        drop(rows);
+        let v: i64 = c
+            .query_row("SELECT value FROM hours", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, i64::MAX);
+        let rest: Option<i64> = c
+            .query_row("SELECT value FROM hour_rest", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rest, None);
+        assert!(!exact(&c, range(today, today), Of::Counter(1)).unwrap());
+    }
+}
