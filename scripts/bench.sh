@@ -11,6 +11,7 @@
 #   NODE_WARMUP=0 ... # no warm-up load on the node before its rows (default 8s)
 #   BENCH_ONLY=embedded scripts/bench.sh # only the embedded store's table (SPEC §5 ratios)
 #   BENCH_ONLY=milestones MILESTONE_COUNTERS=1000000 scripts/bench.sh # first_N_days lists (issue 24)
+#   BENCH_ONLY=hours HOURS_BASE_BIN=<build without hours> scripts/bench.sh # hour buckets' storage (issue 24)
 #   BENCH_ONLY=streams scripts/bench.sh  # only 10,000 idle live streams (CPU and memory)
 #   BENCH_BIN=path/to/counter-gateway scripts/bench.sh # measure another build
 set -euo pipefail
@@ -225,6 +226,23 @@ fi
 # in four with a publication time set; loaded through POST /v1/events into
 # the same gateway, then each list timed one request at a time
 # (scripts/bench/milestones.py). `BENCH_ONLY=milestones` runs only this.
+# --- Hour buckets (issue 24): the embedded store's file growth under a
+# known load, HOUR_COUNTERS counters each counted once in every hour of
+# yesterday (scripts/bench/hour_load.py, its own gateway and data
+# directory); with HOURS_BASE_BIN, a build without hour buckets under the
+# same load, and the difference per hour row. `BENCH_ONLY=hours` runs only this.
+if [ "${BENCH_ONLY:-}" = hours ]; then
+  n=${HOUR_COUNTERS:-20000}
+  printf '\nhour buckets: data files after %s counters x 24 hours (embedded store)\n' "$n"
+  with=$(python3 scripts/bench/hour_load.py "$BIN" "$n" | tee /dev/stderr | awk '{print $(NF-1)}')
+  if [ -n "${HOURS_BASE_BIN:-}" ]; then
+    without=$(python3 scripts/bench/hour_load.py "$HOURS_BASE_BIN" "$n" | tee /dev/stderr | awk '{print $(NF-1)}')
+    awk -v a="$with" -v b="$without" -v r="$((n * 24))" \
+      'BEGIN { printf "hour buckets cost %d bytes for %d hour rows: %.1f bytes per hour row\n", a - b, r, (a - b) / r }'
+  fi
+  exit 0
+fi
+
 if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = milestones ]; then
   printf '\nmilestones: first_N_days top lists (embedded store)\n'
   python3 scripts/bench/milestones.py "$base" "${MILESTONE_COUNTERS:-1000000}" "${MILESTONE_RUNS:-5}" \
@@ -503,9 +521,9 @@ repeated = sum(r["bulks_with_repeated_doc"] for r in rows)
 multi_day = sum(r["bulk_requests"] - r["bulks_one_day"] for r in rows)
 total = sum(r["bulk_requests"] for r in rows)
 met = over == 0 and repeated == 0 and total > 0
-print("\nbound checked on every bulk request: items <= 2 x distinct keys (one counter item and one day-bucket")
-print("item per key; bulks spanning two days, %d here, are held only to the next check) and no document" % multi_day)
-print("twice in one bulk: %s (%d of %d bulks over 2 x keys, %d with a repeated document)"
+print("\nbound checked on every bulk request: items <= 3 x distinct keys (one counter, one day-bucket and one")
+print("hour-bucket item per key; bulks spanning two days, %d here, are held only to the next check) and no document" % multi_day)
+print("twice in one bulk: %s (%d of %d bulks over 3 x keys, %d with a repeated document)"
       % ("met" if met else "NOT met", over, total, repeated))
 print("incr/item: increments flushed (gateway metric) per bulk item the sink received; keys/bulk and items/bulk")
 print("are means per bulk request (one per flush, split past 5,000 items); sink busy: share of the load spent in _bulk")

@@ -30,7 +30,8 @@ scripts/check-docs.sh
 # COUNTER_GATEWAY_TEST_NOW instead of the wall clock (tests/common/mod.rs).
 echo "== date-dependent suites at injected dates"
 dated=(--test window_totals --test day_change --test conformance_embedded --test api_queries
-       --test api_events --test api_counters --test es_behaviour --test transfer --test actors)
+       --test api_events --test api_counters --test es_behaviour --test transfer --test actors
+       --test hours)
 for at in 2027-01-31T12:00:00Z 2027-12-31T12:00:00Z 2028-02-29T12:00:00Z 2026-12-31T23:59:59Z; do
   echo "-- COUNTER_GATEWAY_TEST_NOW=$at"
   at_log=$(mktemp)

@@ -166,6 +166,13 @@ pub struct StoreArgs {
     #[arg(long, env = "COUNTER_GATEWAY_RETENTION_DAYS", default_value_t = 400)]
     pub retention_days: u32,
 
+    /// How many days of hour buckets are kept (histograms with
+    /// `bucket=hour`, top lists of `last_hour` and `last_24_hours`); at most
+    /// `--retention-days`. Hour buckets cost about 24 times the storage of
+    /// day buckets per active counter and day (see scripts/bench/README.md).
+    #[arg(long, env = "COUNTER_GATEWAY_HOURLY_RETENTION_DAYS", default_value_t = crate::domain::hours::DEFAULT_HOURLY_RETENTION_DAYS)]
+    pub hourly_retention_days: u32,
+
     /// How far ahead of the server clock an event timestamp may be.
     #[arg(long, env = "COUNTER_GATEWAY_MAX_CLOCK_SKEW", default_value = "5m", value_parser = humantime::parse_duration)]
     pub max_clock_skew: Duration,
@@ -192,6 +199,12 @@ impl StoreArgs {
         if self.retention_days == 0 {
             return Err("--retention-days must be at least 1".into());
         }
+        if self.hourly_retention_days == 0 || self.hourly_retention_days > self.retention_days {
+            return Err(format!(
+                "--hourly-retention-days must be between 1 and --retention-days ({}): hours of days no longer kept would not sum to anything",
+                self.retention_days
+            ));
+        }
         chrono::Duration::from_std(self.max_clock_skew)
             .map_err(|_| "--max-clock-skew is too large".to_string())?;
         if self.sqlite_memory_budget < 1 << 20 {
@@ -205,6 +218,7 @@ impl StoreArgs {
     pub fn time_policy(&self) -> TimePolicy {
         TimePolicy {
             retention_days: self.retention_days,
+            hourly_retention_days: self.hourly_retention_days,
             max_skew: chrono::Duration::from_std(self.max_clock_skew)
                 .unwrap_or_else(|_| chrono::Duration::minutes(5)),
             unique_max_age: crate::domain::DEFAULT_UNIQUE_MAX_AGE,

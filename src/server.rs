@@ -35,7 +35,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         .elasticsearch
         .to_config(args.store.idempotency_window)?
     {
-        Some(es) => {
+        Some(mut es) => {
+            es.hourly_retention_days = args.store.hourly_retention_days;
             es.check_script_loops(args.max_events_per_request)?;
             let (url, prefix) = (es.urls.join(","), es.names.prefix().to_string());
             // Templates and scripts are installed once, for every tenant.
@@ -92,6 +93,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                 clock.clone(),
             )
             .map_err(|e| e.to_string())?;
+            store.set_hourly_retention(args.store.hourly_retention_days);
             tracing::info!(data_dir = %args.store.data_dir.display(), durability = ?args.store.durability, "embedded store open");
             actor_key = match &configured_secret {
                 Some(k) => k.clone(),
@@ -99,11 +101,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             };
             (
                 Arc::new(store),
-                tenant::embedded(
+                tenant::embedded_hourly(
                     &args.store.data_dir,
                     args.store.durability,
                     args.store.idempotency_window,
                     args.store.retention_days,
+                    args.store.hourly_retention_days,
                     clock.clone(),
                 ),
             )

@@ -127,11 +127,31 @@ pub fn embedded(
     retention_days: u32,
     clock: Clock,
 ) -> Arc<dyn TenantStores> {
+    embedded_hourly(
+        data_dir,
+        durability,
+        id_window,
+        retention_days,
+        crate::domain::hours::DEFAULT_HOURLY_RETENTION_DAYS,
+        clock,
+    )
+}
+
+/// [`embedded`] with the days hour buckets are kept (`--hourly-retention-days`).
+pub fn embedded_hourly(
+    data_dir: &Path,
+    durability: Durability,
+    id_window: Duration,
+    retention_days: u32,
+    hourly_retention_days: u32,
+    clock: Clock,
+) -> Arc<dyn TenantStores> {
     Arc::new(Embedded {
         dir: data_dir.join("tenants"),
         durability,
         id_window,
         retention_days,
+        hourly_retention_days,
         clock,
     })
 }
@@ -141,6 +161,7 @@ struct Embedded {
     durability: Durability,
     id_window: Duration,
     retention_days: u32,
+    hourly_retention_days: u32,
     clock: Clock,
 }
 
@@ -155,7 +176,10 @@ impl TenantStores for Embedded {
             self.retention_days,
             self.clock.clone(),
         )
-        .map(|s| Arc::new(s) as Arc<dyn Store>)
+        .map(|s| {
+            s.set_hourly_retention(self.hourly_retention_days);
+            Arc::new(s) as Arc<dyn Store>
+        })
         .map_err(|e| e.to_string())
     }
 

@@ -871,7 +871,11 @@ impl Fake {
             let payload = &pair[1];
             let index = meta["_index"].as_str().unwrap().to_string();
             let id = meta["_id"].as_str().unwrap().to_string();
-            let bucket = index.contains("_histogram_counters-");
+            // As a node runs a stored script by its id: day and hour
+            // buckets (the same script, other indices) alike.
+            let bucket = payload["script"]["id"]
+                .as_str()
+                .is_some_and(|id| id.contains("bucket-update"));
             let average = index.contains("_average_");
             if bucket {
                 assert!(meta["routing"].is_string(), "bucket items are routed");
@@ -1321,12 +1325,16 @@ impl Fake {
 
     async fn start(&self) -> SocketAddr {
         let fake = self.clone();
-        let app = Router::new().fallback(
-            move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
-                let fake = fake.clone();
-                async move { fake.handle(method, uri, headers, body) }
-            },
-        );
+        let app = Router::new()
+            .fallback(
+                move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+                    let fake = fake.clone();
+                    async move { fake.handle(method, uri, headers, body) }
+                },
+            )
+            // A node takes bodies up to `http.max_content_length`, 100 MB by
+            // default, not axum's 2 MB.
+            .layer(axum::extract::DefaultBodyLimit::max(100 * 1024 * 1024));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -1380,6 +1388,11 @@ fn today_buckets() -> String {
 
 fn bucket_id(counter_id: &str) -> String {
     format!("{counter_id}@{}", now().format("%Y-%m-%d"))
+}
+
+/// The id of a counter's hour document of the tests' now.
+fn hour_id(counter_id: &str) -> String {
+    format!("{counter_id}@{}", now().format("%Y-%m-%dT%H"))
 }
 
 /// The tests' now: the clock every store and app here reads stands at it.
@@ -1499,10 +1512,14 @@ async fn increments_read_list_and_delete_through_the_router() {
     )
     .await;
 
-    // One bulk per flush, a counter item and a bucket item each, as NDJSON.
+    // One bulk per flush, a counter item, a day and an hour bucket item
+    // each, as NDJSON.
     let bulks = fake.bulks();
     assert_eq!(bulks.len(), 3);
-    assert_eq!(bulks[0], vec![cid("u1"), bucket_id(&cid("u1"))]);
+    assert_eq!(
+        bulks[0],
+        vec![cid("u1"), bucket_id(&cid("u1")), hour_id(&cid("u1"))]
+    );
     {
         let st = fake.0.lock().unwrap();
         for (ct, raw) in &st.raw {
@@ -1568,15 +1585,15 @@ async fn mixed_item_errors_resend_only_the_failed_items() {
     assert_eq!(bulks.len(), 2);
     assert_eq!(
         bulks[0].len(),
-        6,
-        "a, b, c: counter + bucket each (a coalesced)"
+        9,
+        "a, b, c: counter, day and hour bucket each (a coalesced)"
     );
     assert_eq!(
         bulks[1],
         vec![b_counter.clone(), c_bucket.clone()],
         "only the failed items are resent"
     );
-    assert_eq!(out.store_writes, 8);
+    assert_eq!(out.store_writes, 11);
     // Nothing applied twice.
     assert_eq!(fake.value(COUNTERS, &cid("a")), Some(5));
     assert_eq!(fake.value(COUNTERS, &cid("b")), Some(2));
@@ -1788,16 +1805,18 @@ async fn bucket_indices_are_created_ahead_without_automatic_creation() {
         vec![
             format!("counter-gateway_default_histogram_counters-{this}"),
             format!("counter-gateway_default_average_histogram_counters-{this}"),
+            format!("counter-gateway_default_hour_counters-{this}"),
             format!("counter-gateway_default_histogram_counters-{}", month(next)),
             format!(
                 "counter-gateway_default_average_histogram_counters-{}",
                 month(next)
             ),
+            format!("counter-gateway_default_hour_counters-{}", month(next)),
         ]
     );
     // The common flush: no round trip before the bulk.
     store.apply(one()).await.unwrap();
-    assert_eq!(index_puts(&fake).len(), 4);
+    assert_eq!(index_puts(&fake).len(), 6);
     assert_eq!(fake.value(&today_buckets(), &bucket_id(&cid("a"))), Some(2));
 
     // On the first day of the next month its index is there already; the
@@ -1826,9 +1845,9 @@ async fn bucket_indices_are_created_ahead_without_automatic_creation() {
         out.requests,
         vec![RequestOutcome::Applied { duplicates: 0 }]
     );
-    assert_eq!(index_puts(&fake).len(), 6);
+    assert_eq!(index_puts(&fake).len(), 9);
     store.apply(one()).await.unwrap();
-    assert_eq!(index_puts(&fake).len(), 6);
+    assert_eq!(index_puts(&fake).len(), 9);
 }
 
 #[tokio::test]
@@ -1861,6 +1880,9 @@ async fn without_ilm_the_store_deletes_expired_bucket_months_in_the_background()
     let month = |months_ago: u32| (now() - chrono::Months::new(months_ago)).format("%Y.%m");
     let expired = format!("counter-gateway_default_histogram_counters-{}", month(15));
     let kept = format!("counter-gateway_default_histogram_counters-{}", month(12));
+    // Hours: kept 14 days, so two months back is gone, this month is not.
+    let expired_hours = format!("counter-gateway_default_hour_counters-{}", month(2));
+    let kept_hours = format!("counter-gateway_default_hour_counters-{}", month(0));
     for opensearch in [false, true] {
         let fake = Fake::default();
         {
@@ -1872,25 +1894,45 @@ async fn without_ilm_the_store_deletes_expired_bucket_months_in_the_background()
         }
         let addr = fake.start().await;
         let store = store_at(&format!("http://{addr}"));
+        {
+            let mut st = fake.0.lock().unwrap();
+            st.indices.insert(expired_hours.clone());
+            st.indices.insert(kept_hours.clone());
+        }
         let task = tokio::spawn(store.run_retention(400));
         let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        // The first sweep runs at start; the task then sleeps till
+        // tomorrow. Hour indices are the gateway's to delete on every
+        // engine; day buckets only where there is no ILM policy.
+        while fake.0.lock().unwrap().indices.contains(&expired_hours) {
+            assert!(std::time::Instant::now() < deadline, "not deleted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         if opensearch {
-            // The first sweep runs at start; the task then sleeps till tomorrow.
             while fake.0.lock().unwrap().indices.contains(&expired) {
                 assert!(std::time::Instant::now() < deadline, "not deleted");
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            task.abort();
         } else {
-            // Elasticsearch: the ILM policy deletes; the task ends at once.
-            tokio::time::timeout(Duration::from_secs(3), task)
-                .await
+            // Elasticsearch: past the engine's answer, the task only sleeps.
+            while !fake
+                .0
+                .lock()
                 .unwrap()
-                .unwrap();
+                .calls
+                .iter()
+                .any(|c| c.starts_with("GET /?"))
+            {
+                assert!(std::time::Instant::now() < deadline, "engine never asked");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        task.abort();
         let st = fake.0.lock().unwrap();
         assert_eq!(st.indices.contains(&expired), !opensearch);
         assert!(st.indices.contains(&kept) && st.indices.contains(COUNTERS));
+        assert!(st.indices.contains(&kept_hours) && !st.indices.contains(&expired_hours));
     }
 }
 
@@ -2071,28 +2113,30 @@ async fn setup_installs_every_object_in_order() {
     let report = store.setup().await.unwrap();
     // Six stored scripts (counter, bucket, average, average bucket,
     // counter set, actor mark), the ILM policy, eight component and eight
-    // index templates (the last two: targets' publication times, then
-    // CountAPI's records); then the mark fields added to mark indices an
-    // earlier version made, and `applied_ops` to counter and bucket indices.
-    assert_eq!(report.installed.len(), 23);
+    // index templates (the last three: targets' publication times,
+    // CountAPI's records, hour buckets); then the mark fields added to mark
+    // indices an earlier version made, and `applied_ops` to counter and
+    // bucket indices.
+    assert_eq!(report.installed.len(), 24);
     let calls = fake.0.lock().unwrap().calls.clone();
     let puts: Vec<_> = calls.iter().filter(|c| c.starts_with("PUT")).collect();
-    assert_eq!(puts.len(), 25);
+    assert_eq!(puts.len(), 26);
     assert!(
-        puts[24].starts_with(
+        puts[25].starts_with(
             "PUT /counter-gateway_*_counters,counter-gateway_*_average_counters,\
              counter-gateway_*_histogram_counters-*,counter-gateway_*_average_histogram_counters-*/_mapping"
         ),
         "{}",
-        puts[24]
+        puts[25]
     );
     assert!(
-        puts[23].starts_with(
+        puts[24].starts_with(
             "PUT /counter-gateway_*_actor_marks,counter-gateway_*_actor_day_marks-*/_mapping"
         ),
         "{}",
-        puts[23]
+        puts[24]
     );
+    assert!(puts[23].starts_with("PUT /_index_template/counter-gateway-hour_counters"));
     assert!(puts[0].starts_with("PUT /_scripts/counter-gateway-counter-update-v2"));
     assert!(puts[2].starts_with("PUT /_scripts/counter-gateway-average-update-v2"));
     assert!(puts[3].starts_with("PUT /_scripts/counter-gateway-average-bucket-update-v2"));
@@ -2177,8 +2221,9 @@ async fn bulk_items_are_bounded_by_distinct_keys_not_requests() {
     }
     let bulks = fake.bulks();
     let items: usize = bulks.iter().map(Vec::len).sum();
-    // Three keys, one day: at most six items per flush, whatever the load.
-    assert!(bulks.iter().all(|b| b.len() <= 6), "{bulks:?}");
+    // Three keys, one day, one hour: at most nine items per flush (a
+    // counter, a day and an hour each), whatever the load.
+    assert!(bulks.iter().all(|b| b.len() <= 9), "{bulks:?}");
     assert!(items < 300, "{items} bulk items for 300 increments");
     for k in 0..3 {
         assert_eq!(fake.value(COUNTERS, &cid(&format!("k{k}"))), Some(100));
@@ -3139,10 +3184,15 @@ async fn first_days_lists_walk_every_page_of_counters_and_buckets() {
             })
             .await
             .unwrap();
-        assert!(out
-            .requests
-            .iter()
-            .all(|r| matches!(r, RequestOutcome::Applied { .. })));
+        assert!(
+            out.requests
+                .iter()
+                .all(|r| matches!(r, RequestOutcome::Applied { .. })),
+            "{:?}",
+            out.requests
+                .iter()
+                .find(|r| !matches!(r, RequestOutcome::Applied { .. }))
+        );
     }
     for days in [1u32, 2] {
         let mut want: Vec<(i128, String)> = (0..n)

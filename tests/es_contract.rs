@@ -150,7 +150,7 @@ fn flush() -> Vec<Vec<Increment>> {
 fn a_flush_is_one_bulk_body_of_scripted_upserts() {
     let requests = flush();
     let slices: Vec<&[Increment]> = requests.iter().map(Vec::as_slice).collect();
-    let plan = request::plan(&slices).unwrap();
+    let plan = request::plan(&slices, i64::MAX).unwrap();
     // One counter write per key, one bucket write per (key, day).
     assert_eq!(plan.writes.len(), 3 + 4);
     assert_eq!(plan.touches, vec![vec![0, 1], vec![0, 2, 3, 4], vec![5, 6]]);
@@ -176,7 +176,7 @@ fn a_flush_is_one_bulk_body_of_scripted_upserts() {
 fn scripts_are_called_by_id_with_params_only() {
     let requests = flush();
     let slices: Vec<&[Increment]> = requests.iter().map(Vec::as_slice).collect();
-    let plan = request::plan(&slices).unwrap();
+    let plan = request::plan(&slices, i64::MAX).unwrap();
     for w in &plan.writes {
         let a = request::action(w, &names(), &settings(), "0123456789abcdef-2a", true);
         let script = &a.body["script"];

@@ -122,7 +122,7 @@ fn average_samples_are_scripted_upserts_of_their_own_documents() {
         vec![sample("a1", 1, true, "2026-11-27T09:00:00Z", Some("r-1"))],
     ];
     let slices: Vec<&[Increment]> = requests.iter().map(Vec::as_slice).collect();
-    let plan = request::plan(&slices).unwrap();
+    let plan = request::plan(&slices, i64::MAX).unwrap();
     let targets: Vec<Target> = plan.writes.iter().map(|w| w.target).collect();
     assert_eq!(
         targets,
@@ -168,7 +168,7 @@ fn an_average_undo_takes_back_sum_and_quantity() {
         sample("a1", 3, false, "2026-11-30T10:00:00Z", Some("s-2")),
     ]];
     let slices: Vec<&[Increment]> = requests.iter().map(Vec::as_slice).collect();
-    let plan = request::plan(&slices).unwrap();
+    let plan = request::plan(&slices, i64::MAX).unwrap();
     let w = &plan.writes[0];
     // The script skipped id event 0 ("r-1") as already counted.
     let undo = w.undo(&[0]);
@@ -184,7 +184,7 @@ fn a_flush_whose_sample_sum_leaves_i64_goes_one_by_one() {
         vec![sample("big", 1, false, "2026-11-30T10:00:00Z", None)],
     ];
     let slices: Vec<&[Increment]> = requests.iter().map(Vec::as_slice).collect();
-    let err = request::plan(&slices).unwrap_err();
+    let err = request::plan(&slices, i64::MAX).unwrap_err();
     assert_eq!(err.0, CounterKey::new("ARTICLE", "rating", "big").unwrap());
 }
 

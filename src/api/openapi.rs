@@ -124,12 +124,52 @@ pub fn interval() -> Object {
         .build()
 }
 
+/// The `interval` of a histogram: a named day window, or with
+/// `bucket=hour` also `last_hour` (the current UTC clock hour) and
+/// `last_24_hours` (the last 24 hour buckets including the current one).
+pub fn histogram_interval() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(
+            crate::domain::NAMED_INTERVALS
+                .iter()
+                .map(|(n, _)| *n)
+                .chain(crate::domain::hours::HOUR_INTERVALS.iter().map(|(n, _)| *n)),
+        ))
+        .build()
+}
+
+/// The `bucket` of a histogram: `day` (the default) or `hour`.
+pub fn bucket() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(["day", "hour"]))
+        .build()
+}
+
+/// The first or last day of a window (`2026-11-30`), or the first or last
+/// hour of a range of hour buckets (`2026-11-30T13:00:00Z`).
+pub fn day_or_hour() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(
+            "^[0-9]{4}-[0-9]{2}-[0-9]{2}(T[0-9]{2}:00:00Z)?$".to_string(),
+        ))
+        .build()
+}
+
+/// An hour bucket's start, `2026-11-30T13:00:00Z`.
+pub fn hour() -> Object {
+    formatted(string(false), KnownFormat::DateTime)
+}
+
 /// The `interval` an answer echoes: a named one, `range` for `from`/`to`,
 /// or `first_<N>_days` (a top list by milestone).
 pub fn answered_interval() -> Object {
     let named: Vec<&str> = crate::domain::NAMED_INTERVALS
         .iter()
         .map(|(n, _)| *n)
+        .chain(crate::domain::hours::HOUR_INTERVALS.iter().map(|(n, _)| *n))
         .chain(["range"])
         .collect();
     ObjectBuilder::new()
@@ -138,13 +178,16 @@ pub fn answered_interval() -> Object {
         .build()
 }
 
-/// The `interval` of a top list: a named one, or `first_<N>_days` (N from
+/// The `interval` of a top list: a named one, `last_hour` or
+/// `last_24_hours` (summed from hour buckets: the current UTC clock hour,
+/// the last 24 hour buckets including it), or `first_<N>_days` (N from
 /// 1 to the bucket retention): the totals of each target's first N days
 /// from its publication.
 pub fn top_interval() -> Object {
     let named: Vec<&str> = crate::domain::NAMED_INTERVALS
         .iter()
         .map(|(n, _)| *n)
+        .chain(crate::domain::hours::HOUR_INTERVALS.iter().map(|(n, _)| *n))
         .collect();
     ObjectBuilder::new()
         .schema_type(Type::String)
@@ -217,6 +260,10 @@ param_schema! {
     Interval = interval;
     /// See [`top_interval`].
     TopInterval = top_interval;
+    /// See [`histogram_interval`].
+    HistogramInterval = histogram_interval;
+    /// See [`bucket`].
+    BucketKind = bucket;
     /// See [`day`].
     Day = day;
     /// See [`size`].

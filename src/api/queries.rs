@@ -10,10 +10,14 @@ use serde::{Deserialize, Serialize};
 use super::extract::{PathParams, QueryParams};
 use super::model::KeyPath;
 use super::AppState;
+use crate::domain::hours::{self, is_hour_interval};
 use crate::domain::rank::{self, Rank};
-use crate::domain::{format_day, resolve_window, validate_name, CounterKey, Resolved, Window};
+use crate::domain::{
+    format_day, format_hour, resolve_window, validate_name, CounterKey, Resolved, ResolvedHours,
+    Window,
+};
 use crate::error::ApiError;
-use crate::store::{TopAveragesQuery, TopQuery, MAX_TOP_SIZE};
+use crate::store::{TopAveragesQuery, TopHoursQuery, TopQuery, MAX_TOP_SIZE};
 
 use super::openapi::NotFound;
 
@@ -75,14 +79,24 @@ fn category(raw: Option<String>) -> Result<Option<String>, ApiError> {
 pub struct WindowJson {
     #[schema(schema_with = crate::api::openapi::answered_interval)]
     interval: &'static str,
-    /// The first day, absent for all time.
+    /// The first day, absent for all time; for hour buckets the first hour.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(schema_with = crate::api::openapi::day)]
+    #[schema(schema_with = crate::api::openapi::day_or_hour)]
     from: Option<String>,
-    /// The last day, absent for all time.
+    /// The last day, absent for all time; for hour buckets the last hour.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(schema_with = crate::api::openapi::day)]
+    #[schema(schema_with = crate::api::openapi::day_or_hour)]
     to: Option<String>,
+}
+
+impl From<ResolvedHours> for WindowJson {
+    fn from(r: ResolvedHours) -> Self {
+        WindowJson {
+            interval: r.interval,
+            from: Some(format_hour(r.hours.from_hour)),
+            to: Some(format_hour(r.hours.to_hour)),
+        }
+    }
 }
 
 impl From<Resolved> for WindowJson {
@@ -99,8 +113,14 @@ impl From<Resolved> for WindowJson {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct HistogramParams {
-    #[param(inline, value_type = Option<crate::api::openapi::Interval>)]
+    #[param(inline, value_type = Option<crate::api::openapi::HistogramInterval>)]
     interval: Option<String>,
+    /// `day` (the default): day buckets. `hour`: UTC hour buckets, kept
+    /// for `--hourly-retention-days` (14 by default); a range reaching
+    /// further back is refused (400), as is one of more than 744 hours.
+    /// Without interval or from/to, the last 24 hours.
+    #[param(inline, value_type = Option<crate::api::openapi::BucketKind>)]
+    bucket: Option<String>,
     #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     from: Option<String>,
     #[param(inline, value_type = Option<crate::api::openapi::Day>)]
@@ -130,18 +150,71 @@ pub struct HistogramJson {
     buckets: Vec<BucketJson>,
 }
 
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = HourBucket)]
+pub struct HourBucketJson {
+    #[schema(schema_with = crate::api::openapi::hour)]
+    hour: String,
+    value: i64,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = HourHistogram)]
+pub struct HourHistogramJson {
+    id: String,
+    entity: String,
+    action: String,
+    uuid: String,
+    /// Always `hour`.
+    bucket: &'static str,
+    #[serde(flatten)]
+    window: WindowJson,
+    /// Sum of the buckets.
+    #[schema(schema_with = crate::api::openapi::wide_integer)]
+    total: i128,
+    /// `false` when a day of the range moved without an hour to put it in
+    /// (a backfilled day, `PUT .../days/{day}`; days before an upgrade to
+    /// hour buckets): its hours then do not sum to its day bucket.
+    exact: bool,
+    buckets: Vec<HourBucketJson>,
+}
+
+/// A histogram of day buckets, or of hour buckets with `bucket=hour`.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum HistogramAnswer {
+    Day(HistogramJson),
+    Hour(HourHistogramJson),
+}
+
 /// `GET /v1/counters/{entity}/{action}/{uuid}/histogram`: the counter's day
-/// buckets inside a window (default `last_month`; `all` is the retention).
+/// buckets inside a window (default `last_month`; `all` is the retention),
+/// or its hour buckets with `bucket=hour`.
 #[utoipa::path(get, path = "/v1/counters/{entity}/{action}/{uuid}/histogram",
-    summary = "Day buckets of a counter and their total inside a window",
+    summary = "Day (or hour) buckets of a counter and their total inside a window",
     params(KeyPath, HistogramParams), security(("bearer" = ["read"]), ("key" = ["read"])),
-    responses((status = 200, description = "Success", body = HistogramJson), NotFound))]
+    responses((status = 200, description = "Success", body = HistogramAnswer), NotFound))]
 pub async fn histogram(
     Reader(app): Reader,
     PathParams(path): PathParams<KeyPath>,
     QueryParams(p): QueryParams<HistogramParams>,
-) -> Result<Json<HistogramJson>, ApiError> {
+) -> Result<Json<HistogramAnswer>, ApiError> {
     let key = path.key()?;
+    match p.bucket.as_deref() {
+        None | Some("day") => {}
+        Some("hour") => return hour_histogram(&app, key, path, p).await.map(Json),
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "bucket {other:?} is unknown; use day or hour"
+            )))
+        }
+    }
+    if is_hour_interval(p.interval.as_deref()) {
+        return Err(ApiError::BadRequest(format!(
+            "interval {:?} needs hour buckets: add bucket=hour",
+            p.interval.as_deref().unwrap_or_default()
+        )));
+    }
     let interval = match (&p.interval, &p.from, &p.to) {
         (None, None, None) => Some("last_month"),
         (i, _, _) => i.as_deref(),
@@ -159,7 +232,7 @@ pub async fn histogram(
         .histogram(&key, w)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("counter {key} has never been counted")))?;
-    Ok(Json(HistogramJson {
+    Ok(Json(HistogramAnswer::Day(HistogramJson {
         id: key.doc_id(),
         entity: path.entity,
         action: path.action,
@@ -170,6 +243,50 @@ pub async fn histogram(
             .into_iter()
             .map(|b| BucketJson {
                 day: format_day(b.day),
+                value: b.value,
+            })
+            .collect(),
+    })))
+}
+
+/// `bucket=hour`: the range resolved against the clock's hour and kept
+/// inside the hourly retention and [`MAX_HOUR_BUCKETS`](crate::domain::hours::MAX_HOUR_BUCKETS).
+async fn hour_histogram(
+    app: &AppState,
+    key: CounterKey,
+    path: KeyPath,
+    p: HistogramParams,
+) -> Result<HistogramAnswer, ApiError> {
+    let now_ms = app.clock.now_ms();
+    let days = app.time_policy.hourly_retention_days;
+    let resolved = hours::resolve_hours(
+        p.interval.as_deref(),
+        p.from.as_deref(),
+        p.to.as_deref(),
+        now_ms,
+        days,
+    )
+    .and_then(|r| hours::check_retained(&r, now_ms, days).map(|()| r))
+    .map_err(ApiError::BadRequest)?;
+    let h = app
+        .store
+        .hour_histogram(&key, resolved.hours)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("counter {key} has never been counted")))?;
+    Ok(HistogramAnswer::Hour(HourHistogramJson {
+        id: key.doc_id(),
+        entity: path.entity,
+        action: path.action,
+        uuid: path.uuid,
+        bucket: "hour",
+        window: resolved.into(),
+        total: h.buckets.iter().map(|b| i128::from(b.value)).sum(),
+        exact: h.exact,
+        buckets: h
+            .buckets
+            .into_iter()
+            .map(|b| HourBucketJson {
+                hour: format_hour(b.hour),
                 value: b.value,
             })
             .collect(),
@@ -221,6 +338,17 @@ pub struct TopJson {
     counters: Vec<TopEntryJson>,
 }
 
+fn entries(entity: &str, action: &str, list: Vec<crate::store::TopEntry>) -> Vec<TopEntryJson> {
+    list.into_iter()
+        .map(|e| TopEntryJson {
+            id: doc_id(entity, action, &e.uuid),
+            uuid: e.uuid,
+            value: e.value,
+            category: e.category,
+        })
+        .collect()
+}
+
 fn doc_id(entity: &str, action: &str, uuid: &str) -> String {
     CounterKey {
         entity: entity.into(),
@@ -257,6 +385,36 @@ pub async fn top(
             super::milestones::top_first_days(&app, entity, action, days, category, size).await?;
         return Ok(Json(list).into_response());
     }
+    if let Some(resolved) = p
+        .interval
+        .as_deref()
+        .and_then(|i| hours::named_hours(i, app.clock.now_ms()))
+    {
+        if p.from.is_some() || p.to.is_some() {
+            return Err(ApiError::BadRequest(format!(
+                "interval {} cannot be combined with from/to; give one or the other",
+                resolved.interval
+            )));
+        }
+        let query = TopHoursQuery {
+            entity,
+            action,
+            hours: resolved.hours,
+            category: category(p.category)?,
+            size: size(p.size.as_deref())?,
+        };
+        let list = app.store.top_hours(&query).await?;
+        return Ok(Json(TopJson {
+            counters: entries(&query.entity, &query.action, list.entries),
+            entity: query.entity,
+            action: query.action,
+            window: resolved.into(),
+            category: query.category,
+            size: query.size,
+            exact: list.exact,
+        })
+        .into_response());
+    }
     let resolved = window(
         &app,
         p.interval.as_deref(),
@@ -272,16 +430,7 @@ pub async fn top(
     };
     let list = app.store.top(&query).await?;
     Ok(Json(TopJson {
-        counters: list
-            .entries
-            .into_iter()
-            .map(|e| TopEntryJson {
-                id: doc_id(&query.entity, &query.action, &e.uuid),
-                uuid: e.uuid,
-                value: e.value,
-                category: e.category,
-            })
-            .collect(),
+        counters: entries(&query.entity, &query.action, list.entries),
         entity: query.entity,
         action: query.action,
         window: resolved.into(),

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
+use crate::domain::hours::hour_in_day;
 use crate::domain::{CounterKey, Increment, Kind};
 
 /// The summed effect of a flush on one counter.
@@ -22,6 +23,42 @@ pub struct KeyDelta {
     pub last_ms: i64,
     /// `(utc day, delta)` per day touched, in first-touch order; almost always one.
     pub buckets: Vec<(i64, i128)>,
+    /// The same deltas per UTC hour touched (`crate::domain::hours`); the
+    /// hours of a day sum to its entry of `buckets`.
+    pub hours: Hours,
+}
+
+/// `(hour, delta)` per hour touched, in first-touch order: the first one
+/// inline, so a key coalesced within one hour (nearly every key of a
+/// flush) costs no allocation beyond what `buckets` already does.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hours {
+    first: (i64, i128),
+    more: Vec<(i64, i128)>,
+}
+
+impl Hours {
+    pub fn new(hour: i64, delta: i128) -> Hours {
+        Hours {
+            first: (hour, delta),
+            more: Vec::new(),
+        }
+    }
+
+    pub fn add(&mut self, hour: i64, delta: i128) {
+        if self.first.0 == hour {
+            self.first.1 += delta;
+            return;
+        }
+        match self.more.iter_mut().find(|(h, _)| *h == hour) {
+            Some((_, d)) => *d += delta,
+            None => self.more.push((hour, delta)),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (i64, i128)> + '_ {
+        std::iter::once(self.first).chain(self.more.iter().copied())
+    }
 }
 
 /// The summed effect of a flush on one average counter.
@@ -82,6 +119,8 @@ impl Coalesced {
                 Some((_, d)) => *d += i128::from(inc.delta),
                 None => kd.buckets.push((inc.day, i128::from(inc.delta))),
             }
+            kd.hours
+                .add(hour_in_day(inc.day, inc.ts_ms), i128::from(inc.delta));
             return;
         }
         self.index.insert(hash, self.keys.len());
@@ -93,6 +132,7 @@ impl Coalesced {
             first_ms: inc.ts_ms,
             last_ms: inc.ts_ms,
             buckets: vec![(inc.day, i128::from(inc.delta))],
+            hours: Hours::new(hour_in_day(inc.day, inc.ts_ms), i128::from(inc.delta)),
         });
     }
 
@@ -206,6 +246,11 @@ mod tests {
         assert_eq!(a.delta, -1);
         assert_eq!(a.category.as_deref(), Some("sports"));
         assert_eq!(a.buckets, vec![(events[0].day, -3), (events[2].day, 2)]);
+        let hour = |e: &Increment| hour_in_day(e.day, e.ts_ms);
+        assert_eq!(
+            a.hours.iter().collect::<Vec<_>>(),
+            vec![(hour(&events[0]), -3), (hour(&events[2]), 2)]
+        );
         assert_eq!(a.first_ms, events[2].ts_ms);
         assert_eq!(a.last_ms, events[3].ts_ms.max(events[0].ts_ms));
         assert_eq!(c.keys[1].delta, 5);

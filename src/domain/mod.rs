@@ -11,6 +11,7 @@ pub mod countapi;
 mod counter;
 mod digest;
 mod event;
+pub mod hours;
 mod key;
 pub mod milestone;
 pub mod rank;
@@ -25,10 +26,11 @@ pub use actor::{
 pub use average::SampleSpec;
 pub use backfill::{parse_day, CounterSet, DaySet, DaySetSpec};
 pub use clock::{Clock, ManualClock};
-pub use coalesce::{coalesce, AverageDelta, Coalesced, KeyDelta};
+pub use coalesce::{coalesce, AverageDelta, Coalesced, Hours, KeyDelta};
 pub use counter::{format_ms, Counter};
 pub use digest::{digest, digest_hex};
 pub use event::{Increment, IncrementSpec, Kind};
+pub use hours::{format_hour, HourRange, ResolvedHours};
 pub use key::{
     decode_doc_id, validate_name, CounterKey, Interner, Part, MAX_DOC_ID_BYTES, MAX_NAME_BYTES,
 };

@@ -11,6 +11,9 @@ use chrono::{DateTime, Duration, Utc};
 #[derive(Clone, Copy, Debug)]
 pub struct TimePolicy {
     pub retention_days: u32,
+    /// How many days hour buckets are kept (`crate::domain::hours`): hour
+    /// answers reaching further back are refused.
+    pub hourly_retention_days: u32,
     pub max_skew: Duration,
     /// How far back a `unique` event may be dated. A `unique: day` mark is
     /// per actor and day, so without this bound one actor could add a
@@ -27,6 +30,7 @@ impl Default for TimePolicy {
     fn default() -> Self {
         TimePolicy {
             retention_days: 400,
+            hourly_retention_days: super::hours::DEFAULT_HOURLY_RETENTION_DAYS,
             max_skew: Duration::minutes(5),
             unique_max_age: DEFAULT_UNIQUE_MAX_AGE,
         }

@@ -61,6 +61,21 @@ impl Store for EmptyStore {
         Ok(None)
     }
 
+    async fn hour_histogram(
+        &self,
+        _key: &CounterKey,
+        _hours: crate::domain::HourRange,
+    ) -> Result<Option<crate::store::HourHistogram>, StoreError> {
+        Ok(None)
+    }
+
+    async fn top_hours(&self, _query: &crate::store::TopHoursQuery) -> Result<TopList, StoreError> {
+        Ok(TopList {
+            entries: Vec::new(),
+            exact: true,
+        })
+    }
+
     async fn top(&self, _query: &TopQuery) -> Result<TopList, StoreError> {
         Ok(TopList {
             entries: Vec::new(),

@@ -231,6 +231,25 @@ pub trait Store: Send + Sync + 'static {
     /// The highest counters; see [`TopQuery`] for the order.
     async fn top(&self, query: &TopQuery) -> Result<TopList, StoreError>;
 
+    /// The hour buckets of one counter inside `hours`, by hour (see
+    /// `crate::domain::hours`); `None` if the counter does not exist. The
+    /// caller has kept `hours` inside the hourly retention. A default that
+    /// refuses: a store (or a wrapper) without hour buckets says so rather
+    /// than answering that there are none.
+    async fn hour_histogram(
+        &self,
+        _key: &CounterKey,
+        _hours: crate::domain::HourRange,
+    ) -> Result<Option<HourHistogram>, StoreError> {
+        Err(StoreError::Internal(NO_HOURS.into()))
+    }
+
+    /// The highest sums of hour buckets; see [`TopHoursQuery`]. A default
+    /// that refuses, as [`Store::hour_histogram`].
+    async fn top_hours(&self, _query: &TopHoursQuery) -> Result<TopList, StoreError> {
+        Err(StoreError::Internal(NO_HOURS.into()))
+    }
+
     /// Counters untouched since a cut-off, oldest first, one page.
     async fn stale(&self, query: &StaleQuery) -> Result<Vec<Counter>, StoreError>;
 
@@ -391,6 +410,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<TargetPublished>, StoreError>;
 }
 
+/// Why a store without hour buckets refuses their calls.
+const NO_HOURS: &str = "this store keeps no hour buckets";
+
 /// Why a store without CountAPI records refuses their calls.
 const NO_COUNTAPI: &str = "this store keeps no CountAPI records";
 
@@ -429,6 +451,37 @@ pub enum DaysOutcome {
         half_set: bool,
         reason: String,
     },
+}
+
+/// One hour bucket of a counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HourBucket {
+    /// UTC hour, hours since 1970-01-01T00:00Z.
+    pub hour: i64,
+    pub value: i64,
+}
+
+/// A counter's hour buckets in a range, and whether they are its whole
+/// history there: `false` when a day of the range was moved without an
+/// hour to put it in (a backfilled day, hours the store did not keep yet),
+/// so the hours of that day do not sum to its day bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HourHistogram {
+    pub buckets: Vec<HourBucket>,
+    pub exact: bool,
+}
+
+/// The counters of a pair with the highest sum of their hour buckets in
+/// `hours` (`last_hour`, `last_24_hours`); order and ties as [`TopQuery`].
+/// `exact` of the answer is `false` as for [`HourHistogram`], when some
+/// day of the range was moved without its hours.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopHoursQuery {
+    pub entity: String,
+    pub action: String,
+    pub hours: crate::domain::HourRange,
+    pub category: Option<String>,
+    pub size: usize,
 }
 
 /// One day bucket of a counter's histogram.

@@ -178,6 +178,7 @@ impl TestApp {
             options.clock.clock(),
         )
         .expect("open store");
+        sqlite.set_hourly_retention(options.time_policy.hourly_retention_days);
         let fsync_fault = sqlite.fsync_fault();
         let writer_sql = sqlite.writer_sql();
         let store: Arc<dyn Store> = wrap(Arc::new(sqlite));
@@ -204,11 +205,12 @@ impl TestApp {
                 metrics: metrics.clone(),
                 actors: Actors::new(actor_key, actor_limits),
             },
-            Some(counter_gateway::tenant::embedded(
+            Some(counter_gateway::tenant::embedded_hourly(
                 dir.path(),
                 Durability::Full,
                 window,
                 options.time_policy.retention_days,
+                options.time_policy.hourly_retention_days,
                 options.clock.clock(),
             )),
             options.max_tenants,
@@ -548,6 +550,20 @@ macro_rules! store_wrapper {
                 q: &counter_gateway::store::TopQuery,
             ) -> Result<counter_gateway::store::TopList, counter_gateway::store::StoreError> {
                 self.inner.top(q).await
+            }
+            async fn hour_histogram(
+                &self,
+                key: &counter_gateway::domain::CounterKey,
+                hours: counter_gateway::domain::HourRange,
+            ) -> Result<Option<counter_gateway::store::HourHistogram>, counter_gateway::store::StoreError>
+            {
+                self.inner.hour_histogram(key, hours).await
+            }
+            async fn top_hours(
+                &self,
+                q: &counter_gateway::store::TopHoursQuery,
+            ) -> Result<counter_gateway::store::TopList, counter_gateway::store::StoreError> {
+                self.inner.top_hours(q).await
             }
             async fn stale(
                 &self,

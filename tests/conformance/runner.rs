@@ -24,7 +24,8 @@
 //! - Time, relative to the clock the target's server reads (one manual
 //!   clock, standing still unless a step moves it): `{day:-3d}` becomes the
 //!   UTC day 3 days before it (`2026-11-27`), `{ts:-3d}` that instant in RFC
-//!   3339 (milliseconds, `Z`), and a request body field `"timestamp": "-3d"`
+//!   3339 (milliseconds, `Z`), `{hour:-2h}` the UTC hour bucket that instant
+//!   falls in (`2026-11-30T08:00:00Z`), and a request body field `"timestamp": "-3d"`
 //!   that instant too; offsets are `[+-]N` then `d`, `h`, `m` or `s`.
 //!   `{var:name}` is a saved variable.
 //! - A step `{"clock": "+1d"}` moves that clock (forwards or back) between
@@ -330,7 +331,7 @@ fn instant(now: DateTime<Utc>, raw: &str) -> Result<DateTime<Utc>, String> {
         .ok_or_else(|| format!("bad time offset {raw:?}"))
 }
 
-/// Replaces `{day:..}`, `{ts:..}` and `{var:..}` in a string.
+/// Replaces `{day:..}`, `{hour:..}`, `{ts:..}` and `{var:..}` in a string.
 fn substitute(
     s: &str,
     now: DateTime<Utc>,
@@ -345,6 +346,9 @@ fn substitute(
         let inner = &rest[start + 1..start + len];
         let replaced = match inner.split_once(':') {
             Some(("day", off)) => Some(instant(now, off)?.format("%Y-%m-%d").to_string()),
+            Some(("hour", off)) => {
+                Some(instant(now, off)?.format("%Y-%m-%dT%H:00:00Z").to_string())
+            }
             Some(("ts", off)) => {
                 Some(instant(now, off)?.to_rfc3339_opts(SecondsFormat::Millis, true))
             }
@@ -514,6 +518,10 @@ mod tests {
         assert_eq!(
             substitute("/x?from={day:-3d}&cursor={var:c}&k={other}", now, &vars).unwrap(),
             "/x?from=2026-11-27&cursor=abc&k={other}"
+        );
+        assert_eq!(
+            substitute("{hour:-2h}", now, &vars).unwrap(),
+            "2026-11-30T08:00:00Z"
         );
         let body = resolve_body(
             &json!({"timestamp": "-2h", "t": "{ts:+0d}"}),

@@ -235,6 +235,10 @@ pub struct EsConfig {
     pub max_ids_per_doc: u32,
     /// Most bulks of one tenant in flight at once (`--elasticsearch-bulks-in-flight`).
     pub bulks_in_flight: usize,
+    /// How many days hour buckets are kept (`--hourly-retention-days`):
+    /// increments of older days write no hour document, and the gateway
+    /// deletes hour indices past it.
+    pub hourly_retention_days: u32,
 }
 
 /// One node's URL, checked, and the credentials written into it, taken out.
@@ -314,6 +318,7 @@ impl EsConfig {
             id_window: Duration::from_secs(7 * 86_400),
             max_ids_per_doc: 10_000,
             bulks_in_flight: usize::from(DEFAULT_BULKS_IN_FLIGHT),
+            hourly_retention_days: crate::domain::hours::DEFAULT_HOURLY_RETENTION_DAYS,
         })
     }
 }

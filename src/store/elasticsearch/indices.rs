@@ -83,17 +83,50 @@ pub fn expired_indices<'a>(
     out
 }
 
+/// Of `indices`, the monthly hour indices of `prefix` (any tenant) whose
+/// every day is older than `hourly_retention_days` before `today`.
+pub fn expired_hour_indices<'a>(
+    indices: impl IntoIterator<Item = &'a str>,
+    prefix: &str,
+    today: i64,
+    hourly_retention_days: u32,
+) -> Vec<String> {
+    let oldest_kept = today - i64::from(hourly_retention_days);
+    let mut out: Vec<String> = indices
+        .into_iter()
+        .filter(|name| {
+            month_named(name, prefix, &["hour_counters-"])
+                .and_then(|m| first_day(m + 1))
+                .is_some_and(|next_month| next_month <= oldest_kept)
+        })
+        .map(str::to_string)
+        .collect();
+    out.sort();
+    out
+}
+
 /// The month of `<prefix>_<tenant>_[average_]histogram_counters-YYYY.MM`
 /// or `<prefix>_<tenant>_actor_day_marks-YYYY.MM` (views' marks expire with
 /// the buckets: no event older than the retention is accepted).
 fn bucket_month(name: &str, prefix: &str) -> Option<Month> {
+    month_named(
+        name,
+        prefix,
+        &[
+            "histogram_counters-",
+            "average_histogram_counters-",
+            "actor_day_marks-",
+        ],
+    )
+}
+
+/// The month of `<prefix>_<tenant>_<collection>YYYY.MM` for one of
+/// `collections` (each with its `-`).
+fn month_named(name: &str, prefix: &str, collections: &[&str]) -> Option<Month> {
     let rest = name.strip_prefix(prefix)?.strip_prefix('_')?;
     let (tenant, rest) = rest.split_once('_')?;
     super::request::validate_index_part("tenant", tenant).ok()?;
-    let date = rest
-        .strip_prefix("histogram_counters-")
-        .or_else(|| rest.strip_prefix("average_histogram_counters-"))
-        .or_else(|| rest.strip_prefix("actor_day_marks-"))?;
+    let date = collections.iter().find_map(|c| rest.strip_prefix(c))?;
     let (y, m) = date.split_once('.')?;
     if y.len() != 4 || m.len() != 2 || !(y.bytes().chain(m.bytes())).all(|b| b.is_ascii_digit()) {
         return None;
@@ -136,7 +169,14 @@ impl ElasticsearchStore {
                 continue;
             };
             let names = &self.config.names;
-            for index in [names.buckets(day), names.average_buckets(day)] {
+            // Hours only for months that reach into the hourly retention.
+            let hours = first_day(month + 1)
+                .is_some_and(|next| next > self.hours_from_day())
+                .then(|| names.hours(day * 24));
+            for index in [names.buckets(day), names.average_buckets(day)]
+                .into_iter()
+                .chain(hours)
+            {
                 if let Err(e) = self.create_index(&index).await {
                     tracing::warn!(%index, error = %e, "could not create a bucket index ahead of writes");
                     return;
@@ -175,6 +215,17 @@ impl ElasticsearchStore {
     /// past `retention_days` on the clock's day; returns their names. For an
     /// engine without ILM; never called on the write path.
     pub async fn delete_expired_buckets(&self, retention_days: u32) -> Result<Vec<String>, String> {
+        self.delete_expired_indices(retention_days, false).await
+    }
+
+    /// Deletes this prefix's monthly indices (every tenant) past
+    /// `retention_days`: the hour indices with `hours`, else the day
+    /// buckets' and day marks'.
+    pub async fn delete_expired_indices(
+        &self,
+        retention_days: u32,
+        hours: bool,
+    ) -> Result<Vec<String>, String> {
         let prefix = self.config.names.prefix();
         let (status, body) = self
             .call(
@@ -196,7 +247,11 @@ impl ElasticsearchStore {
             .iter()
             .filter_map(|i| i.get("index").and_then(Value::as_str));
         let today = self.clock.now_ms().div_euclid(86_400_000);
-        let expired = expired_indices(names, prefix, today, retention_days);
+        let expired = if hours {
+            expired_hour_indices(names, prefix, today, retention_days)
+        } else {
+            expired_indices(names, prefix, today, retention_days)
+        };
         let mut deleted = Vec::new();
         for index in expired {
             // One name per call: clusters refuse wildcard deletes, and an
@@ -227,8 +282,16 @@ impl ElasticsearchStore {
     /// and this returns at once.
     pub async fn run_retention(self: std::sync::Arc<Self>, retention_days: u32) {
         loop {
+            // Hour indices on every engine: no ILM policy retires them
+            // (see `templates::NO_LIFECYCLE`).
+            if let Err(e) = self
+                .delete_expired_indices(self.config.hourly_retention_days, true)
+                .await
+            {
+                tracing::warn!(error = %e, "deleting expired hour indices failed; retried tomorrow");
+            }
             match self.engine().await {
-                Ok(engine) if engine.has_ilm() => return,
+                Ok(engine) if engine.has_ilm() => {}
                 Ok(_) => {
                     if let Err(e) = self.delete_expired_buckets(retention_days).await {
                         tracing::warn!(error = %e, "deleting expired bucket indices failed; retried tomorrow");

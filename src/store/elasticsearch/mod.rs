@@ -17,6 +17,26 @@
 //! (counting once per actor: a mark document per actor and counter, never
 //! counted twice).
 //!
+//! # Hour buckets
+//!
+//! Each counter increment of a day inside the hourly retention
+//! (`--hourly-retention-days`) also goes to an hour document in
+//! `<prefix>_<tenant>_hour_counters-YYYY.MM` (id `<counter id>@YYYY-MM-DDTHH`,
+//! routed by counter id, the bucket mapping with `day` holding the hour's
+//! start), written in the same `_bulk` by the day buckets' script, event
+//! ids and bulk names included: a retried id or a replayed bulk is counted
+//! once in the hour as in the day, so the hours of a day sum to it. Monthly
+//! indices (see `IndexNames::hours` for why), created ahead like the day
+//! buckets', deleted by the gateway once their last day is past the hourly
+//! retention, on every engine (no ILM policy: `templates::NO_LIFECYCLE`
+//! says why); an increment of an older day writes no hour, so it never
+//! makes an index again. Reads are a routed search (a histogram) and a
+//! `terms` aggregation (a list) over the range's hour indices, exact as the
+//! windowed lists are (see `query`). A backfilled day has no hour: answers
+//! over it say `exact: false` (the counter's `set_days`; a list checks its
+//! listed counters only). `export`, `import` and `migrate` carry no hours
+//! yet.
+//!
 //! # What is and is not atomic here
 //!
 //! Elasticsearch has no multi-document transaction. Each document's update
@@ -235,6 +255,18 @@ impl Store for ElasticsearchStore {
 
     async fn ready(&self) -> Result<(), StoreError> {
         self.check_ready().await
+    }
+
+    async fn hour_histogram(
+        &self,
+        key: &CounterKey,
+        range: crate::domain::HourRange,
+    ) -> Result<Option<crate::store::HourHistogram>, StoreError> {
+        self.read_hour_histogram(key, range).await
+    }
+
+    async fn top_hours(&self, q: &crate::store::TopHoursQuery) -> Result<TopList, StoreError> {
+        self.read_top_hours(q).await
     }
 
     async fn histogram(

@@ -40,9 +40,10 @@
 use serde_json::{json, Map, Value};
 
 use super::response::describe_error;
-use crate::domain::{Counter, CounterKey, Window};
+use crate::domain::{Counter, CounterKey, HourRange, Window};
 use crate::store::{
-    Average, AverageEntry, Bucket, StaleQuery, TopAveragesQuery, TopEntry, TopQuery, UnusedPair,
+    Average, AverageEntry, Bucket, HourBucket, StaleQuery, TopAveragesQuery, TopEntry,
+    TopHoursQuery, TopQuery, UnusedPair,
 };
 
 /// Terms asked for when a windowed top list spans several monthly indices:
@@ -92,6 +93,90 @@ pub fn buckets_query(counter_id: &str, window: Window, fields: &[&str]) -> Value
         "query": {"bool": {"filter": [term("counter_id", counter_id), day_range(window)]}},
         "sort": [{"day": "asc"}],
         "_source": {"includes": fields}
+    })
+}
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// `day` (an hour document's start) between the range's first and last hour.
+fn hour_range(r: HourRange) -> Value {
+    json!({"range": {"day": {
+        "gte": r.from_hour * HOUR_MS,
+        "lte": r.to_hour * HOUR_MS,
+        "format": "epoch_millis"
+    }}})
+}
+
+/// The hour documents of one counter inside a range, by hour; routed as
+/// [`buckets_query`].
+pub fn hour_buckets_query(counter_id: &str, range: HourRange) -> Value {
+    let hours = usize::try_from(range.hours()).unwrap_or(MAX_HITS);
+    json!({
+        "size": hours.min(MAX_HITS),
+        "track_total_hits": false,
+        "query": {"bool": {"filter": [term("counter_id", counter_id), hour_range(range)]}},
+        "sort": [{"day": "asc"}],
+        "_source": {"includes": ["day", "value"]}
+    })
+}
+
+/// The hour buckets of a [`hour_buckets_query`] answer.
+pub fn hour_buckets_from_search(body: &Value) -> Result<Vec<HourBucket>, String> {
+    hits(body)?
+        .iter()
+        .map(|h| {
+            let s = source(h)?;
+            let start = ms(s.get("day")).ok_or("an hour bucket has no day")?;
+            let value = int(s.get("value")).ok_or("an hour bucket has no value")?;
+            Ok(HourBucket {
+                hour: start.div_euclid(HOUR_MS),
+                value,
+            })
+        })
+        .collect()
+}
+
+/// Whether a counter document's `set_days` (the days a backfill set,
+/// `YYYY-MM-DD`, kept for the retention) names a day of `days`: those days
+/// moved without an hour, so their hours do not sum to them.
+pub fn set_in(source: &Value, days: Window) -> bool {
+    let (from, to) = (
+        crate::domain::format_day(days.from_day),
+        crate::domain::format_day(days.to_day),
+    );
+    source
+        .get("set_days")
+        .and_then(Value::as_object)
+        .is_some_and(|d| d.keys().any(|k| *k >= from && *k <= to))
+}
+
+/// A top list of hour sums: [`top_window_query`] over the hour documents
+/// of the range.
+pub fn top_hours_query(q: &TopHoursQuery, cat: &CategoryFilter, one_month: bool) -> Value {
+    let mut filters = vec![
+        term("entity", &q.entity),
+        term("action", &q.action),
+        hour_range(q.hours),
+    ];
+    cat.push(&mut filters);
+    let size = if one_month {
+        q.size
+    } else {
+        WINDOW_CANDIDATES.max(q.size)
+    };
+    json!({
+        "size": 0,
+        "track_total_hits": false,
+        "query": {"bool": {"filter": filters}},
+        "aggs": {"top": {
+            "terms": {
+                "field": "uuid",
+                "size": size,
+                "shard_size": size,
+                "order": [{"total": "desc"}, {"_key": "asc"}]
+            },
+            "aggs": {"total": {"sum": {"field": "value"}}}
+        }}
     })
 }
 

@@ -12,11 +12,11 @@ use super::client::{search_routing, status_error};
 use super::query::{self, CategoryFilter};
 use super::{request, response, ElasticsearchStore};
 use crate::domain::rank::{MeanOfAverages, Rank};
-use crate::domain::{Counter, CounterKey, Window};
+use crate::domain::{Counter, CounterKey, HourRange, Window};
 use crate::store::ranked::RankedTop;
 use crate::store::{
-    Average, AverageEntry, Bucket, StaleQuery, StoreError, TopAverages, TopAveragesQuery, TopEntry,
-    TopList, TopQuery, UnusedPair,
+    Average, AverageEntry, Bucket, HourHistogram, StaleQuery, StoreError, TopAverages,
+    TopAveragesQuery, TopEntry, TopHoursQuery, TopList, TopQuery, UnusedPair,
 };
 
 impl ElasticsearchStore {
@@ -152,6 +152,120 @@ impl ElasticsearchStore {
             .await?;
         // A counter whose document is gone (deleted while its buckets were
         // being removed) is left out, as the embedded store's join does.
+        let entries = picked
+            .into_iter()
+            .filter_map(|(uuid, value)| {
+                let category = categories.get(uuid)?;
+                Some(TopEntry {
+                    uuid: uuid.clone(),
+                    value: *value,
+                    category: category.as_str().map(str::to_string),
+                })
+            })
+            .collect();
+        Ok(TopList { entries, exact })
+    }
+
+    /// One counter's hour documents in `range` (a routed search of the
+    /// range's monthly hour indices). Not exact when a backfill set a day
+    /// of the range (the counter's `set_days`): that day moved without an
+    /// hour. Searches see the indices as of their last refresh (1 s), as
+    /// windowed lists do.
+    pub(super) async fn read_hour_histogram(
+        &self,
+        key: &CounterKey,
+        range: HourRange,
+    ) -> Result<Option<HourHistogram>, StoreError> {
+        let id = key.doc_id();
+        let path = format!(
+            "/{}/_doc/{}",
+            self.config.names.counters(),
+            request::encode_path_segment(&id)
+        );
+        let (status, body) = self
+            .call(
+                Method::Get,
+                &path,
+                &[("_source_includes", "uuid,set_days")],
+                None,
+            )
+            .await?;
+        let source = match status {
+            200 if body.get("found") == Some(&Value::Bool(true)) => {
+                body.get("_source").cloned().unwrap_or(Value::Null)
+            }
+            200 | 404 => return Ok(None),
+            _ => {
+                return Err(status_error(
+                    status,
+                    format!(
+                        "reading counter {key} answered {status} {}",
+                        response::describe_error(body.get("error"))
+                    ),
+                ))
+            }
+        };
+        let indices = self.config.names.hour_window(range);
+        let answer = self
+            .search(
+                &format!("/{}/_search", indices.path),
+                &search_routing(&id),
+                &query::hour_buckets_query(&id, range),
+            )
+            .await?;
+        let buckets = query::hour_buckets_from_search(&answer).map_err(StoreError::Internal)?;
+        Ok(Some(HourHistogram {
+            buckets,
+            exact: !query::set_in(&source, range.days()),
+        }))
+    }
+
+    /// A top list of hour sums: as a windowed list, over the hour indices;
+    /// not exact when a listed counter had a day of the range set by a
+    /// backfill (its `set_days`). Unlike the embedded store, which looks at
+    /// every counter of the range, only the listed ones are looked at.
+    pub(super) async fn read_top_hours(&self, q: &TopHoursQuery) -> Result<TopList, StoreError> {
+        let counters = self.config.names.counters();
+        let cat = self
+            .category_filter(&counters, &q.entity, &q.action, q.category.as_deref())
+            .await?;
+        if cat == CategoryFilter::Uuids(Vec::new()) {
+            return Ok(TopList {
+                entries: Vec::new(),
+                exact: true,
+            });
+        }
+        let indices = self.config.names.hour_window(q.hours);
+        let one_month = indices.months == 1;
+        let answer = self
+            .search(
+                &format!("/{}/_search", indices.path),
+                &[],
+                &query::top_hours_query(q, &cat, one_month),
+            )
+            .await?;
+        let top = query::window_top_from_aggs(&answer).map_err(StoreError::Internal)?;
+        let mut exact = top.exact(one_month, &cat);
+        let picked: Vec<&(String, i128)> = top.entries.iter().take(q.size).collect();
+        let ids: Vec<String> = picked
+            .iter()
+            .filter_map(|(u, _)| CounterKey::new(&q.entity, &q.action, u).ok())
+            .map(|k| k.doc_id())
+            .collect();
+        let found = if ids.is_empty() {
+            Vec::new()
+        } else {
+            let answer = self
+                .post_json(
+                    &format!("/{counters}/_mget"),
+                    &[("_source_includes", "uuid,category,set_days")],
+                    &query::mget_body(&ids),
+                )
+                .await?;
+            query::found_from_mget(&answer).map_err(StoreError::Internal)?
+        };
+        exact &= !found.iter().any(|(_, s)| query::set_in(s, q.hours.days()));
+        let categories = query::categories_by_uuid(&found);
         let entries = picked
             .into_iter()
             .filter_map(|(uuid, value)| {

@@ -75,6 +75,47 @@ impl IndexNames {
         )
     }
 
+    /// The monthly hour-bucket index holding UTC hour `hour` (hours since
+    /// the epoch).
+    ///
+    /// Monthly, like the day buckets, and not weekly or daily: with the
+    /// default 14 days kept, one or two hour indices (one or two shards per
+    /// tenant) are alive at a time, and they share the day buckets'
+    /// machinery (created ahead of writes, one name per month, deleted
+    /// whole once their last day is past the retention). The cost: a
+    /// month's hours stay on disk until its last day leaves the retention,
+    /// up to 14 + 31 days of hours instead of 14; a daily index would cost
+    /// 15 shards per tenant to save that.
+    pub fn hours(&self, hour: i64) -> String {
+        format!(
+            "{}-{}",
+            self.collection("hour_counters"),
+            month_of(hour.div_euclid(24))
+        )
+    }
+
+    /// Every hour index of this tenant (a counter's delete).
+    pub fn hours_pattern(&self) -> String {
+        format!("{}-*", self.collection("hour_counters"))
+    }
+
+    /// The hour indices a read of `range` searches (as [`Self::window_buckets`]).
+    pub fn hour_window(&self, range: crate::domain::HourRange) -> WindowIndices {
+        let base = self.collection("hour_counters");
+        let (months, names) = months_of(range.days());
+        if names.is_empty() {
+            return WindowIndices {
+                path: format!("{base}-*"),
+                months,
+            };
+        }
+        let names: Vec<String> = names.iter().map(|m| format!("{base}-{m}")).collect();
+        WindowIndices {
+            path: names.join(","),
+            months,
+        }
+    }
+
     /// Every bucket index of this tenant (for deletes and, later, queries).
     pub fn buckets_pattern(&self) -> String {
         format!("{}-*", self.collection("histogram_counters"))
@@ -232,6 +273,24 @@ pub fn bucket_doc_id(counter_id: &str, day: i64) -> String {
     }
 }
 
+/// The `_id` of the hour document of `counter_id` for `hour`:
+/// `<counter id>@YYYY-MM-DDTHH`, with the same SHA-256 fallback as
+/// [`bucket_doc_id`].
+pub fn hour_doc_id(counter_id: &str, hour: i64) -> String {
+    let stamp = chrono::DateTime::from_timestamp(hour.saturating_mul(3_600), 0)
+        .map(|d| d.format("%Y-%m-%dT%H").to_string())
+        .unwrap_or_else(|| hour.to_string());
+    if counter_id.len() + 1 + stamp.len() <= MAX_DOC_ID_BYTES {
+        format!("{counter_id}@{stamp}")
+    } else {
+        let mut hex = String::with_capacity(64);
+        for b in sha256(counter_id.as_bytes()) {
+            let _ = write!(hex, "{b:02x}");
+        }
+        format!("sha256:{hex}@{stamp}")
+    }
+}
+
 /// The `_id` of an actor mark: `<counter id>@<mark>` (`ever`), with
 /// `@YYYY-MM-DD` for a day mark; as for buckets, the counter id is replaced
 /// by its SHA-256 when the id would pass 512 bytes.
@@ -266,6 +325,10 @@ pub enum Target {
     Average,
     /// The day bucket of an average counter.
     AverageBucket(i64),
+    /// The bucket of one UTC hour (hours since the epoch): a document of
+    /// the bucket mapping whose `day` holds the hour's start, written by
+    /// the bucket script.
+    HourBucket(i64),
 }
 
 impl Target {
@@ -366,12 +429,17 @@ pub struct PlanOverflow(pub CounterKey);
 /// Plans one `_bulk` for `requests`: events without an id are summed per
 /// document (coalescing); events with an id are passed one by one. Average
 /// samples go to the average document and its day bucket (a key may name
-/// both a counter and an average: they are different documents).
-pub fn plan(requests: &[&[Increment]]) -> Result<Plan, PlanOverflow> {
+/// both a counter and an average: they are different documents). Counter
+/// increments of days from `hours_from_day` on also go to their hour
+/// document (`crate::domain::hours`), ids and all, so the hours of a day
+/// sum to it.
+pub fn plan(requests: &[&[Increment]], hours_from_day: i64) -> Result<Plan, PlanOverflow> {
     let mut plan = Plan::default();
-    // (is average, key) -> (main write, [(day, bucket write)]) while building.
+    // (is average, key) -> (main write, [(day, bucket write)],
+    // [(hour, hour write)]) while building.
     let mut by_key: HashMap<(bool, CounterKey), usize> = HashMap::new();
-    let mut groups: Vec<(usize, Vec<(i64, usize)>)> = Vec::new();
+    #[allow(clippy::type_complexity)]
+    let mut groups: Vec<(usize, Vec<(i64, usize)>, Vec<(i64, usize)>)> = Vec::new();
     let mut writes: Vec<DocWrite> = Vec::new();
     let mut sums: Vec<(i128, i128)> = Vec::new();
     let mut pos = 0u64;
@@ -391,7 +459,7 @@ pub fn plan(requests: &[&[Increment]]) -> Result<Plan, PlanOverflow> {
             let g = *by_key.entry((sample, inc.key.clone())).or_insert_with(|| {
                 writes.push(DocWrite::new(inc.key.clone(), main_target));
                 sums.push((0, 0));
-                groups.push((writes.len() - 1, Vec::new()));
+                groups.push((writes.len() - 1, Vec::new(), Vec::new()));
                 groups.len() - 1
             });
             let counter = groups[g].0;
@@ -404,7 +472,18 @@ pub fn plan(requests: &[&[Increment]]) -> Result<Plan, PlanOverflow> {
                     writes.len() - 1
                 }
             };
-            for w in [counter, bucket] {
+            let hour = (!sample && inc.day >= hours_from_day)
+                .then(|| crate::domain::hours::hour_in_day(inc.day, inc.ts_ms))
+                .map(|h| match groups[g].2.iter().find(|(x, _)| *x == h) {
+                    Some(&(_, w)) => w,
+                    None => {
+                        writes.push(DocWrite::new(inc.key.clone(), Target::HourBucket(h)));
+                        sums.push((0, 0));
+                        groups[g].2.push((h, writes.len() - 1));
+                        writes.len() - 1
+                    }
+                });
+            for w in [counter, bucket].into_iter().chain(hour) {
                 let dw = &mut writes[w];
                 match &inc.id {
                     Some(id) => {
@@ -445,9 +524,10 @@ pub fn plan(requests: &[&[Increment]]) -> Result<Plan, PlanOverflow> {
     }
     // Lay writes out key by key: counter, then its buckets.
     let mut order = Vec::with_capacity(writes.len());
-    for (c, buckets) in &groups {
+    for (c, buckets, hours) in &groups {
         order.push(*c);
         order.extend(buckets.iter().map(|(_, w)| *w));
+        order.extend(hours.iter().map(|(_, w)| *w));
     }
     let mut new_index = vec![0; writes.len()];
     for (new, &old) in order.iter().enumerate() {
@@ -606,6 +686,9 @@ pub fn action(
     if let Target::Bucket(day) | Target::AverageBucket(day) = w.target {
         p.insert("day".into(), json!(day * 86_400_000));
     }
+    if let Target::HourBucket(hour) = w.target {
+        p.insert("day".into(), json!(hour * 3_600_000));
+    }
     p.insert("delta".into(), json!(w.delta));
     if w.target.is_average() {
         p.insert("quantity".into(), json!(w.quantity));
@@ -656,6 +739,12 @@ pub fn action(
         Target::Bucket(day) => (
             names.buckets(day),
             bucket_doc_id(&counter_id, day),
+            Some(counter_id),
+            &s.bucket_script,
+        ),
+        Target::HourBucket(hour) => (
+            names.hours(hour),
+            hour_doc_id(&counter_id, hour),
             Some(counter_id),
             &s.bucket_script,
         ),
@@ -865,6 +954,72 @@ mod tests {
         let id = bucket_doc_id(&long, 20_787);
         assert!(id.starts_with("sha256:") && id.len() <= 512, "{id}");
         assert_ne!(id, bucket_doc_id(&"y".repeat(510), 20_787));
+    }
+
+    #[test]
+    fn hour_writes_go_to_their_monthly_index_beside_the_day() {
+        let n = IndexNames::new("cg", "default").unwrap();
+        // 2026-11-30T13:00Z and 2026-12-01T00:00Z.
+        let (h13, h24) = (20_787 * 24 + 13, 20_788 * 24);
+        assert_eq!(n.hours(h13), "cg_default_hour_counters-2026.11");
+        assert_eq!(n.hours(h24), "cg_default_hour_counters-2026.12");
+        assert_eq!(
+            hour_doc_id("VIDEO_VIEW_x", h13),
+            "VIDEO_VIEW_x@2026-11-30T13"
+        );
+        let long = "x".repeat(505);
+        assert!(hour_doc_id(&long, h13).starts_with("sha256:"));
+        let inc = |ts: &str, id: Option<&str>| Increment {
+            key: CounterKey::new("VIDEO", "VIEW", "x").unwrap(),
+            delta: 2,
+            category: None,
+            ts_ms: chrono::DateTime::parse_from_rfc3339(ts)
+                .unwrap()
+                .timestamp_millis(),
+            day: crate::domain::day_of(chrono::DateTime::parse_from_rfc3339(ts).unwrap().into()),
+            id: id.map(Arc::from),
+            kind: Kind::Counter,
+            unique: None,
+        };
+        let events = [
+            inc("2026-11-30T13:10:00Z", None),
+            inc("2026-11-30T13:50:00Z", Some("e1")),
+            inc("2026-11-30T14:00:00Z", None),
+            inc("2026-10-01T14:00:00Z", None),
+        ];
+        let slices: Vec<&[Increment]> = vec![&events];
+        let p = plan(&slices, 20_787 - 14).unwrap();
+        let targets: Vec<Target> = p.writes.iter().map(|w| w.target).collect();
+        assert_eq!(
+            targets,
+            vec![
+                Target::Counter,
+                Target::Bucket(20_787),
+                Target::Bucket(20_727),
+                Target::HourBucket(h13),
+                Target::HourBucket(h13 + 1),
+            ]
+        );
+        // The hour takes the id event as its day does.
+        assert_eq!((p.writes[3].delta, p.writes[3].events.len()), (2, 1));
+        assert_eq!(p.writes[4].delta, 2);
+        let s = WriteSettings {
+            counter_script: "c".into(),
+            bucket_script: "b".into(),
+            average_script: "a".into(),
+            average_bucket_script: "ab".into(),
+            retry_on_conflict: 5,
+            now_ms: 0,
+            id_window_ms: 1,
+            max_ids: 10,
+        };
+        let a = action(&p.writes[3], &n, &s, "op", false);
+        assert_eq!(a.index, "cg_default_hour_counters-2026.11");
+        assert_eq!(a.routing.as_deref(), Some("VIDEO_VIEW_x"));
+        assert_eq!(a.body["script"]["id"], "b");
+        assert_eq!(a.body["script"]["params"]["day"], h13 * 3_600_000);
+        // Without hours kept, the plan is the day buckets' alone.
+        assert_eq!(plan(&slices, i64::MAX).unwrap().writes.len(), 3);
     }
 
     #[test]

@@ -113,7 +113,21 @@ const INDEX_TEMPLATES: &[(&str, bool, &str)] = &[
         false,
         include_str!("../../../index-templates/index/countapi.json"),
     ),
+    (
+        "hour_counters",
+        true,
+        include_str!("../../../index-templates/index/hour_counters.json"),
+    ),
 ];
+
+/// The time-based collection that no ILM policy retires: hour buckets.
+/// ILM's `min_age` counts from an index's creation, which for a monthly
+/// index made ahead of its writes is up to a month before its first day,
+/// so one policy cannot follow `--hourly-retention-days` (14 by default)
+/// without deleting hours still asked for or keeping them weeks longer;
+/// the gateway deletes expired hour indices itself, on every engine
+/// (`indices.rs`).
+const NO_LIFECYCLE: &str = "hour_counters";
 
 /// The stored script id of the counter update for this prefix.
 pub fn counter_script_id(prefix: &str) -> String {
@@ -404,7 +418,7 @@ pub fn steps(names: &IndexNames, engine: Engine) -> Vec<Step> {
                 }
             }
         }
-        if *time_based && engine.has_ilm() {
+        if *time_based && engine.has_ilm() && *collection != NO_LIFECYCLE {
             body["template"]["settings"]["index.lifecycle.name"] = json!(ilm);
         }
         let full = format!("{prefix}-{collection}");

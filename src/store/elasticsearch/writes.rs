@@ -150,7 +150,8 @@ impl ElasticsearchStore {
                 fates.extend(f);
             }
         };
-        if let Ok(plan) = request::plan(&requests) {
+        let hours_from = self.hours_from_day();
+        if let Ok(plan) = request::plan(&requests, hours_from) {
             let (results, sent) = self.send_writes(&plan.writes, &settings, wanted).await;
             out.store_writes += sent;
             if !results.iter().any(is_overflow) {
@@ -195,7 +196,7 @@ impl ElasticsearchStore {
         // One request at a time: exactly the overflowing ones are refused.
         for events in &requests {
             let one = std::slice::from_ref(events);
-            let (outcome, fate) = match request::plan(one) {
+            let (outcome, fate) = match request::plan(one, hours_from) {
                 Err(PlanOverflow(key)) => (
                     RequestOutcome::Overflow { key },
                     all_fates(one, Fate::NotApplied),
@@ -239,8 +240,9 @@ impl ElasticsearchStore {
         // Its buckets and its actor marks (a counter made again starts with
         // no likes and no views).
         let pattern = format!(
-            "{},{}",
+            "{},{},{}",
             self.config.names.buckets_pattern(),
+            self.config.names.hours_pattern(),
             self.config.names.actor_marks_pattern()
         );
         self.refresh_tenant(&pattern).await?;
@@ -291,6 +293,13 @@ impl ElasticsearchStore {
                 ),
             )),
         }
+    }
+
+    /// The first day whose increments also land in hour documents: the
+    /// hourly retention's, so a late event never makes an hour index the
+    /// retention deleted.
+    pub(super) fn hours_from_day(&self) -> i64 {
+        self.clock.today() - i64::from(self.config.hourly_retention_days)
     }
 
     fn settings(&self, now_ms: i64) -> WriteSettings {

@@ -72,6 +72,7 @@ pub(super) fn set_days_in(
                  RETURNING value, category, first_ts, recorded_ts",
             )
             .map_err(sql("backfill::set_days_in"))?;
+        let mut rest = super::hours::HourRows::prepare(tx)?;
         for (key, idx) in &groups {
             let key: &CounterKey = key;
             let found: Option<(i64, i64)> = find
@@ -120,6 +121,9 @@ pub(super) fn set_days_in(
                 put_bucket
                     .execute(params![s.day, cid, s.value])
                     .map_err(sql("backfill::set_days_in"))?;
+                // A set day has no hour to put its difference in: it is
+                // the day's rest, and hour answers over it are not exact.
+                rest.rest(cid, s.day, i128::from(s.value) - i128::from(previous[i]))?;
             }
             cids.push(cid);
             let category = idx.iter().rev().find_map(|&i| sets[i].category.clone());

@@ -80,6 +80,8 @@ pub(super) struct Job {
     pub id_window_ms: i64,
     pub ids: Weak<AtomicI64>,
     pub retention_days: u32,
+    /// `--hourly-retention-days`, set on the store after it opened.
+    pub hourly_retention_days: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// One store in the worker's queue, with what its last turns found.
@@ -260,6 +262,25 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
         }
         Err(e) => {
             tracing::warn!("bucket retention failed (retried later): {e}");
+            nothing_to_do = false;
+        }
+    }
+    // Hour buckets past their retention, beside the days': the first
+    // complete day is recorded first, then the writer's copy moves to it.
+    let hours_first = today
+        - i64::from(
+            job.hourly_retention_days
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+    match super::hours::expire(&w.conn, hours_first, RETAIN_BUDGET) {
+        Ok(n) => {
+            w.hours_from = w.hours_from.max(hours_first);
+            if n > 0 {
+                nothing_to_do = false;
+            }
+        }
+        Err(e) => {
+            tracing::warn!("hour bucket retention failed (retried later): {e}");
             nothing_to_do = false;
         }
     }

@@ -175,7 +175,7 @@ pub(super) fn apply_coalesced(
         out.repeats.push(repeats);
     }
     let hot = w.hot.clone();
-    let mut flush = write::Flush::coalesced(&hot, all.keys.len());
+    let mut flush = write::Flush::coalesced(&hot, all.keys.len(), w.hours_from());
     if flush.add(&tx, &all)?.is_err() {
         return Ok(None);
     }
@@ -245,13 +245,14 @@ pub(super) fn apply_one_by_one(
     now_ms: i64,
     id_window_ms: i64,
 ) -> Result<BatchOutcome, StoreError> {
+    let hours_from = w.hours_from();
     let mut tx = w
         .conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql("flush::apply_one_by_one"))?;
     let mut out = BatchOutcome::default();
     let hot = w.hot.clone();
-    let mut flush = write::Flush::by_request(&hot);
+    let mut flush = write::Flush::by_request(&hot, hours_from);
     for events in &batch.requests {
         let sp = tx.savepoint().map_err(sql("flush::apply_one_by_one"))?;
         let mut dup = claim_ids(&sp, events, now_ms, id_window_ms)?;

@@ -44,6 +44,9 @@ struct Sum {
     category: Option<String>,
     /// `(day, delta)` per day, in first-logged order.
     days: Vec<(i64, i128)>,
+    /// `(hour, delta)` per hour bucket, in first-logged order (entries of
+    /// days outside the hourly retention have none).
+    hours: Vec<(i64, i128)>,
 }
 
 /// A fold pass under way; see the module documentation.
@@ -112,6 +115,13 @@ pub(super) fn begin(conn: &Connection) -> Result<Option<Pass>, StoreError> {
                 Some((_, d)) => *d += i128::from(e.delta),
                 None => sum.days.push((e.day, i128::from(e.delta))),
             }
+            if let Some(h) = e.hour {
+                let hour = e.day * 24 + i64::from(h);
+                match sum.hours.iter_mut().find(|(x, _)| *x == hour) {
+                    Some((_, d)) => *d += i128::from(e.delta),
+                    None => sum.hours.push((hour, i128::from(e.delta))),
+                }
+            }
         })?;
     }
     let mut sums: Vec<(i64, Sum)> = sums.into_iter().collect();
@@ -158,6 +168,7 @@ pub(super) fn chunk(
                  ON CONFLICT (day, cid) DO UPDATE SET value = value + excluded.value",
             )
             .map_err(sql("fold::chunk"))?;
+        let mut hours = super::hours::HourRows::prepare(&tx)?;
         for (cid, sum) in &pass.sums[pass.next..end] {
             let cid = *cid;
             let changed = match i64::try_from(sum.delta) {
@@ -189,6 +200,9 @@ pub(super) fn chunk(
                     }
                     Err(_) => set_bucket(&tx, cid, day, d)?,
                 }
+            }
+            for &(hour, d) in &sum.hours {
+                hours.add(cid, hour, d)?;
             }
         }
     }

@@ -11,12 +11,17 @@
 //! Layout: a version byte, then entries back to back, each
 //! `cid, day, delta, first_ms, last_ms` as LEB128 varints (the signed ones
 //! zigzag-encoded), then the category as a varint `len + 1` (0: none)
-//! followed by its UTF-8 bytes.
+//! followed by its UTF-8 bytes, then (version 2) the hour of the day the
+//! delta also lands in, as a varint `hour + 1` (0: none, a day outside the
+//! hourly retention). Version 1 blobs (written before hour buckets) are
+//! still read, as entries without an hour.
 
 use super::internal_msg;
 use crate::store::StoreError;
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// The format before hour buckets: entries without an hour.
+const VERSION_1: u8 = 1;
 
 /// One delta of one counter on one day, as a flush logs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +32,8 @@ pub(super) struct Entry<'a> {
     pub first_ms: i64,
     pub last_ms: i64,
     pub category: Option<&'a str>,
+    /// The hour of `day` (0..=23) the delta also lands in, if kept.
+    pub hour: Option<u8>,
 }
 
 /// A log blob being written.
@@ -56,6 +63,7 @@ impl Writer {
                 self.buf.extend_from_slice(c.as_bytes());
             }
         }
+        self.buf.push(e.hour.map_or(0, |h| h + 1));
         self.entries += 1;
     }
 
@@ -77,7 +85,7 @@ impl Writer {
 pub(super) fn decode(blob: &[u8], mut f: impl FnMut(Entry<'_>)) -> Result<(), StoreError> {
     let bad = || internal_msg("the change log holds a malformed entry");
     let (&version, mut rest) = blob.split_first().ok_or_else(bad)?;
-    if version != VERSION {
+    if version != VERSION && version != VERSION_1 {
         return Err(internal_msg(&format!(
             "the change log holds entries of format {version}, which this build does not read"
         )));
@@ -100,6 +108,15 @@ pub(super) fn decode(blob: &[u8], mut f: impl FnMut(Entry<'_>)) -> Result<(), St
                 Some(std::str::from_utf8(text).map_err(|_| bad())?)
             }
         };
+        let hour = if version == VERSION_1 {
+            None
+        } else {
+            match get(&mut rest).ok_or_else(bad)? {
+                0 => None,
+                h @ 1..=24 => Some(h as u8 - 1),
+                _ => return Err(bad()),
+            }
+        };
         f(Entry {
             cid,
             day,
@@ -107,6 +124,7 @@ pub(super) fn decode(blob: &[u8], mut f: impl FnMut(Entry<'_>)) -> Result<(), St
             first_ms,
             last_ms,
             category,
+            hour,
         });
     }
     Ok(())
@@ -157,6 +175,7 @@ mod tests {
                 first_ms: v.wrapping_mul(3),
                 last_ms: v / 7,
                 category: [None, Some(""), Some("sports"), Some("é\u{1F600}")][i % 4],
+                hour: [None, Some(0), Some(23), Some(7)][(i / 2) % 4],
             });
         }
         let mut w = Writer::new();
@@ -173,6 +192,7 @@ mod tests {
                 e.first_ms,
                 e.last_ms,
                 e.category.map(String::from),
+                e.hour,
             ))
         })
         .unwrap();
@@ -186,6 +206,7 @@ mod tests {
                     e.first_ms,
                     e.last_ms,
                     e.category.map(String::from),
+                    e.hour,
                 )
             })
             .collect();
@@ -202,6 +223,7 @@ mod tests {
             first_ms: 1,
             last_ms: 2,
             category: Some("news"),
+            hour: Some(5),
         });
         let full = w.bytes().to_vec();
         for cut in 0..full.len() - 1 {
@@ -210,8 +232,20 @@ mod tests {
                 "cut at {cut}"
             );
         }
-        assert!(decode(&[2, 0], |_| {}).is_err());
+        assert!(decode(&[3, 0], |_| {}).is_err());
         assert!(decode(&[VERSION, 0xff, 0xff], |_| {}).is_err());
         assert!(decode(&[VERSION], |_| {}).is_ok());
+    }
+
+    #[test]
+    fn blobs_of_the_first_format_read_as_entries_without_an_hour() {
+        // cid 300, day 20000, delta -5, first 1, last 2, no category.
+        let mut v1 = vec![VERSION_1];
+        for v in [300, zigzag(20_000), zigzag(-5), zigzag(1), zigzag(2), 0] {
+            put(&mut v1, v);
+        }
+        let mut read = Vec::new();
+        decode(&v1, |e| read.push((e.cid, e.day, e.delta, e.hour))).unwrap();
+        assert_eq!(read, vec![(300, 20_000, -5, None)]);
     }
 }

@@ -76,6 +76,7 @@ mod flush;
 mod fold;
 mod hooks;
 mod hot;
+mod hours;
 mod log;
 mod marks;
 mod multiget;
@@ -117,6 +118,8 @@ pub struct SqliteStore {
     hooks: Hooks,
     /// Dropped after [`Drop::drop`]'s fold: frees the file for the next open.
     _open: OpenFile,
+    /// Shared with the background's retention of hour buckets.
+    hourly_retention_days: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// One open store per database file in this process. A store's last handle
@@ -191,6 +194,17 @@ struct Writer {
     /// flushes, in the background, at close); lists and reports still fold
     /// what they need.
     hooks: Hooks,
+    /// The first day whose increments land in hour buckets too
+    /// (`hours::from_day`, as last recorded): moved on by the background
+    /// after it has recorded the day, so no flush skips a day the store
+    /// counts as complete.
+    hours_from: i64,
+}
+
+impl Writer {
+    fn hours_from(&self) -> i64 {
+        self.hours_from
+    }
 }
 
 impl SqliteStore {
@@ -221,14 +235,16 @@ impl SqliteStore {
         let path = data_dir.join(DB_FILE);
         let open = OpenFile::take(&path)?;
         let mut conn = connections::open_writer(&path)?;
-        schema::migrate(&mut conn, &path)?;
+        schema::migrate(&mut conn, &path, clock.today())?;
         let hot = hot::Shared::default();
+        let hours_from = hours::from_day(&conn)?;
         let mut writer = Writer {
             conn,
             hot: hot.clone(),
             pass: None,
             logged: 0,
             hooks: Hooks::default(),
+            hours_from,
         };
         // What a crash left in the change log is folded before anything
         // reads: the rows are then exact, and nothing is pending.
@@ -250,7 +266,11 @@ impl SqliteStore {
             pass: None,
             logged: 0,
             hooks: hooks.clone(),
+            hours_from,
         }));
+        let hourly_retention_days = Arc::new(std::sync::atomic::AtomicU32::new(
+            crate::domain::hours::DEFAULT_HOURLY_RETENTION_DAYS,
+        ));
         let readers = Arc::new(Readers::new());
         let last_write = Arc::new(Idle::new());
         background::register(background::Job {
@@ -263,6 +283,7 @@ impl SqliteStore {
             id_window_ms,
             ids: Arc::downgrade(&ids),
             retention_days,
+            hourly_retention_days: hourly_retention_days.clone(),
         });
         let halted = Arc::<AtomicBool>::default();
         let writes = Arc::new(Writes {
@@ -287,7 +308,14 @@ impl SqliteStore {
             hooks,
             _open: open,
             halted,
+            hourly_retention_days,
         })
+    }
+
+    /// How many days hour buckets are kept (`--hourly-retention-days`; 14
+    /// until set): the background deletes the hours of older days.
+    pub fn set_hourly_retention(&self, days: u32) {
+        self.hourly_retention_days.store(days, Ordering::Relaxed);
     }
 
     /// `Err(Halted)` once an fsync has failed.
@@ -429,6 +457,7 @@ impl Store for SqliteStore {
                 .map_err(sql("store::delete"))?;
             if let Some(cid) = cid {
                 tx.execute("DELETE FROM buckets WHERE cid = ?1", [cid]).map_err(sql("store::delete"))?;
+                hours::forget(&tx, cid)?;
                 windows::forget(&tx, cid)?;
             }
             marks::forget(&tx, &key)?;
@@ -546,6 +575,25 @@ impl Store for SqliteStore {
         self.fold_now().await?;
         let query = query.clone();
         self.with_reader(move |c| queries::top(c, &query)).await
+    }
+
+    /// Folded first, as a `from`/`to` list: the hour rows then hold every
+    /// acknowledged increment (memory keeps no hours).
+    async fn hour_histogram(
+        &self,
+        key: &CounterKey,
+        range: crate::domain::HourRange,
+    ) -> Result<Option<super::HourHistogram>, StoreError> {
+        self.fold_now().await?;
+        let key = key.clone();
+        self.with_reader(move |c| hours::histogram(c, &key, range))
+            .await
+    }
+
+    async fn top_hours(&self, query: &super::TopHoursQuery) -> Result<TopList, StoreError> {
+        self.fold_now().await?;
+        let query = query.clone();
+        self.with_reader(move |c| hours::top(c, &query)).await
     }
 
     async fn stale(&self, query: &StaleQuery) -> Result<Vec<Counter>, StoreError> {

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use super::{countapi, marks, publication, queries, sql, windows};
+use super::{countapi, hours, marks, publication, queries, sql, windows};
 use crate::store::StoreError;
 
 /// 2: indexes for top lists and reports, average counters (`queries::SCHEMA_V2`).
@@ -21,7 +21,11 @@ use crate::store::StoreError;
 /// from `buckets` at open; version 5's `window_sums` and `bucket_log` go.
 /// 7: actor marks keyed for their tenant (`marks::note_keying`): an older
 /// build would key its marks without the tenant, never matching these.
-const SCHEMA_VERSION: i64 = 7;
+/// 8: hour buckets (`hours`), written by flushes and the fold: an older
+/// build would leave them out and the hours of its days would no longer
+/// sum to the days, so it refuses the database. The days before the
+/// upgrade are marked as without complete hours (`hours_state`).
+const SCHEMA_VERSION: i64 = 8;
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS counters (
@@ -69,7 +73,7 @@ CREATE TABLE IF NOT EXISTS fold_state (
 /// (`user_version` below [`SCHEMA_VERSION`]); refuses a database of a later
 /// version. The version is written by [`mark_current`], once what the open
 /// brings up to date (the change log folded, the window totals) is done.
-pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+pub(super) fn migrate(conn: &mut Connection, path: &Path, today: i64) -> Result<(), StoreError> {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(sql("schema::migrate"))?;
@@ -98,6 +102,9 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
         .map_err(sql("schema::migrate"))?;
     tx.execute_batch(countapi::SCHEMA)
         .map_err(sql("schema::migrate"))?;
+    tx.execute_batch(hours::SCHEMA)
+        .map_err(sql("schema::migrate"))?;
+    hours::note_start(&tx, version, today)?;
     let named = marks::backfill_keys(&tx)?;
     marks::note_keying(&tx)?;
     if named > 0 {

@@ -35,6 +35,7 @@ fn memory_db() -> Writer {
     c.execute_batch(SCHEMA).unwrap();
     c.execute_batch(queries::SCHEMA_V2).unwrap();
     c.execute_batch(&windows::schema()).unwrap();
+    c.execute_batch(super::hours::SCHEMA).unwrap();
     let hot = hot::Shared::default();
     hot.lock().windows.state = Some(open_windows(&mut c, DAY).unwrap());
     Writer {
@@ -43,6 +44,7 @@ fn memory_db() -> Writer {
         pass: None,
         logged: 0,
         hooks: Hooks::default(),
+        hours_from: i64::MIN / 48,
     }
 }
 

@@ -229,6 +229,9 @@ fn import_counter(
                  ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
             )
             .map_err(sql("transfer::import_counter"))?;
+        // An export carries no hours: what an imported day sets is its
+        // rest (`hours`), so hour answers over it say they are not exact.
+        let mut rest = super::hours::HourRows::prepare(tx)?;
         for b in &c.days {
             let was: Option<i64> = old
                 .query_row(params![b.day, cid], |r| r.get(0))
@@ -239,6 +242,11 @@ fn import_counter(
             }
             put.execute(params![b.day, cid, b.value])
                 .map_err(sql("transfer::import_counter"))?;
+            rest.rest(
+                cid,
+                b.day,
+                i128::from(b.value) - i128::from(was.unwrap_or(0)),
+            )?;
         }
     }
     let mut total = c.before;

@@ -45,9 +45,11 @@ struct Touch {
     /// Its window totals as the flush leaves them (`None`: the totals are
     /// not kept now, a rebuild is due).
     windows: Option<Sums>,
-    /// What this flush logs of an existing counter: its delta per day, and
-    /// the category, first and last touch it brings.
-    deltas: Vec<(i64, i128)>,
+    /// What this flush logs of an existing counter: its delta per day and
+    /// hour of the day (`None`: a day before the first one whose hours are
+    /// kept, `hours_from`), and the category, first and last touch it
+    /// brings. The hours of a day sum to its delta.
+    deltas: Vec<(i64, Option<u8>, i128)>,
     category: Option<Arc<str>>,
     first_ms: i64,
     last_ms: i64,
@@ -62,27 +64,32 @@ pub(super) struct Flush<'h> {
     index: Option<HashMap<CounterKey, usize>>,
     /// Rows and log entries written, for the metrics.
     pub writes: usize,
+    /// The first day whose increments also land in hour buckets (see
+    /// `hours`): the store's first complete day, read before the flush.
+    hours_from: i64,
 }
 
 impl<'h> Flush<'h> {
     /// For a flush whose deltas are coalesced over all its requests: each
     /// key comes once.
-    pub fn coalesced(hot: &'h hot::Shared, keys: usize) -> Flush<'h> {
+    pub fn coalesced(hot: &'h hot::Shared, keys: usize, hours_from: i64) -> Flush<'h> {
         Flush {
             hot,
             touched: Vec::with_capacity(keys),
             index: None,
             writes: 0,
+            hours_from,
         }
     }
 
     /// For a flush checked request by request: a key may come again.
-    pub fn by_request(hot: &'h hot::Shared) -> Flush<'h> {
+    pub fn by_request(hot: &'h hot::Shared, hours_from: i64) -> Flush<'h> {
         Flush {
             hot,
             touched: Vec::new(),
             index: Some(HashMap::new()),
             writes: 0,
+            hours_from,
         }
     }
 
@@ -142,7 +149,7 @@ impl<'h> Flush<'h> {
     /// Adds the deltas of `c`, checked by [`Flush::check`] into `at`.
     pub fn apply(&mut self, c: &Coalesced, at: Vec<usize>) {
         for (kd, i) in c.keys.iter().zip(at) {
-            apply(&mut self.touched[i], kd);
+            apply(&mut self.touched[i], kd, self.hours_from);
         }
     }
 
@@ -177,6 +184,7 @@ impl<'h> Flush<'h> {
         let mut blob = log::Writer::new();
         let mut insert = None;
         let mut direct = None;
+        let mut hours = None;
         let mut pending = self.hot.pending();
         for t in &mut self.touched {
             // Loaded for a request that was then refused: nothing to write.
@@ -193,6 +201,7 @@ impl<'h> Flush<'h> {
                 for d in &t.entry.days {
                     insert.bucket(t.entry.cid, d.day, d.value)?;
                 }
+                write_hours(tx, &mut hours, t)?;
                 continue;
             }
             if t.entry.pending_seq == 0 {
@@ -202,12 +211,13 @@ impl<'h> Flush<'h> {
                         None => direct.insert(DirectRows::prepare(tx)?),
                     };
                     direct.write(t)?;
+                    write_hours(tx, &mut hours, t)?;
                     t.direct = true;
                     continue;
                 }
                 pending += 1;
             }
-            for &(day, delta) in &t.deltas {
+            for &(day, hour, delta) in &t.deltas {
                 for part in super::backfill::split(delta) {
                     blob.push(&log::Entry {
                         cid: t.entry.cid,
@@ -216,6 +226,7 @@ impl<'h> Flush<'h> {
                         first_ms: t.first_ms,
                         last_ms: t.last_ms,
                         category: t.category.as_deref(),
+                        hour,
                     });
                 }
             }
@@ -235,7 +246,7 @@ impl<'h> Flush<'h> {
         {
             t.entry.pending_seq = seq;
             for d in &mut t.entry.days {
-                if t.deltas.iter().any(|(day, _)| *day == d.day) {
+                if t.deltas.iter().any(|(day, _, _)| *day == d.day) {
                     d.pending = true;
                 }
             }
@@ -276,7 +287,7 @@ impl<'h> Flush<'h> {
                 }
                 None => windows::take_rows(tx, &state, t.entry.cid)?,
             };
-            for &(day, delta) in &t.deltas {
+            for &(day, _, delta) in &t.deltas {
                 sums.add(&state, day, delta);
             }
             t.windows = Some(sums);
@@ -363,8 +374,28 @@ fn check(t: &Touch, kd: &KeyDelta) -> Result<(), Overflowed> {
     Ok(())
 }
 
-/// Adds `kd` (checked) to the state of its counter and to what is logged.
-fn apply(t: &mut Touch, kd: &KeyDelta) {
+/// The hour buckets of a counter a flush writes itself (new, or written
+/// directly): added to, as nothing of it is pending in the log.
+fn write_hours<'c>(
+    tx: &'c Connection,
+    rows: &mut Option<super::hours::HourRows<'c>>,
+    t: &Touch,
+) -> Result<(), StoreError> {
+    for &(day, hour, delta) in &t.deltas {
+        if let Some(h) = hour {
+            let rows = match rows {
+                Some(r) => r,
+                None => rows.insert(super::hours::HourRows::prepare(tx)?),
+            };
+            rows.add(t.entry.cid, day * 24 + i64::from(h), delta)?;
+        }
+    }
+    Ok(())
+}
+
+/// Adds `kd` (checked) to the state of its counter and to what is logged:
+/// per hour for the days from `hours_from` on, per day before.
+fn apply(t: &mut Touch, kd: &KeyDelta, hours_from: i64) {
     let e = &mut t.entry;
     e.value = (i128::from(e.value) + kd.delta) as i64;
     if kd.category.is_some() {
@@ -379,10 +410,22 @@ fn apply(t: &mut Touch, kd: &KeyDelta) {
         if let Some(b) = e.days.iter_mut().find(|b| b.day == day) {
             b.value = (i128::from(b.value) + d) as i64;
         }
-        match t.deltas.iter_mut().find(|(x, _)| *x == day) {
-            Some((_, x)) => *x += d,
-            None => t.deltas.push((day, d)),
+        if day < hours_from {
+            add_delta(&mut t.deltas, day, None, d);
         }
+    }
+    for (hour, d) in kd.hours.iter() {
+        let day = hour.div_euclid(24);
+        if day >= hours_from {
+            add_delta(&mut t.deltas, day, Some(hour.rem_euclid(24) as u8), d);
+        }
+    }
+}
+
+fn add_delta(deltas: &mut Vec<(i64, Option<u8>, i128)>, day: i64, hour: Option<u8>, d: i128) {
+    match deltas.iter_mut().find(|(x, h, _)| *x == day && *h == hour) {
+        Some((_, _, x)) => *x += d,
+        None => deltas.push((day, hour, d)),
     }
 }
 
@@ -569,7 +612,7 @@ impl<'c> DirectRows<'c> {
                 e.recorded_ms
             ])
             .map_err(sql("write::write"))?;
-        for &(day, _) in &t.deltas {
+        for &(day, _, _) in &t.deltas {
             let value = e
                 .day(day)
                 .ok_or_else(|| super::internal_msg("a direct write lacks the bucket it changed"))?;
