@@ -160,7 +160,7 @@ pub async fn decrement(
     add(writer, path, body, Direction::Subtract, sender).await
 }
 
-async fn add(
+pub(super) async fn add(
     CounterWriter { app, disclosure }: CounterWriter,
     path: KeyPath,
     body: axum::body::Bytes,
