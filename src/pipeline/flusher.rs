@@ -121,6 +121,9 @@ fn busy(
     let gate = Arc::new(SyncGate::default());
     let g = gate.clone();
     let syncer = handle.spawn_blocking(move || {
+        // However the syncer ends (a panic in the store's sync too), the
+        // flusher is never left waiting for it.
+        let _open = OpenOnExit(g.clone());
         while let Ok(first) = syncer_rx.recv() {
             let answers = with_the_rest(first, || syncer_rx.try_recv().ok());
             // Taken before the sync starts: the flusher may apply the
@@ -201,6 +204,8 @@ struct SyncGate {
     waiting: std::sync::atomic::AtomicUsize,
     /// Wakes the flusher when the syncer takes them.
     taken: tokio::sync::Notify,
+    /// The syncer's thread ended: nothing waits for it any more.
+    ended: std::sync::atomic::AtomicBool,
 }
 
 impl SyncGate {
@@ -216,7 +221,22 @@ impl SyncGate {
     }
 
     fn open(&self) -> bool {
-        self.waiting.load(std::sync::atomic::Ordering::Acquire) == 0
+        self.ended.load(std::sync::atomic::Ordering::Acquire)
+            || self.waiting.load(std::sync::atomic::Ordering::Acquire) == 0
+    }
+}
+
+/// Opens the gate for good when the syncer's thread ends, as a panic
+/// unwinds too: what the flusher then hands off is dropped with the
+/// channel, its requests answered "shutting down", as before the gate.
+struct OpenOnExit(Arc<SyncGate>);
+
+impl Drop for OpenOnExit {
+    fn drop(&mut self) {
+        self.0
+            .ended
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.0.taken.notify_one();
     }
 }
 
