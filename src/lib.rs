@@ -30,4 +30,4 @@ pub mod store;
 pub mod tenant;
 pub mod transfer;
 
-pub use api::{gateway_router, router, AppState, Gateway, Limits};
+pub use api::{gateway_app, gateway_router, router, AppState, Gateway, Limits};

@@ -167,7 +167,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let streams = gateway.streams.clone();
     let tenants = gateway.tenants.clone();
     Tenants::spawn_idle_closer(&tenants, args.tenant_idle_timeout);
-    let app = api::gateway_router(gateway)?;
+    let app = api::gateway_app(gateway)?;
     let listener =
         listen(args.listen).map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -180,18 +180,15 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
     });
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        shutdown_signal().await;
-        // Live streams never end on their own: the server would wait for
-        // them forever.
-        streams.close();
-    })
-    .await
-    .map_err(|e| format!("server error: {e}"))?;
+    axum::serve(listener, app.into_make_service())
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            // Live streams never end on their own: the server would wait for
+            // them forever.
+            streams.close();
+        })
+        .await
+        .map_err(|e| format!("server error: {e}"))?;
 
     tracing::info!(
         tenants = tenants.count(),

@@ -88,6 +88,13 @@ impl FromRequestParts<Arc<Gateway>> for CounterWriter {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, ApiError> {
+        CounterWriter::from_parts(parts, gw).await
+    }
+}
+
+impl CounterWriter {
+    /// The extractor's work, for the increment's fast path too (`super::fast`).
+    pub(super) async fn from_parts(parts: &Parts, gw: &Gateway) -> Result<Self, ApiError> {
         let (tenant, role) = authorize(parts, gw, Role::Write)?;
         let app = gw.tenants.writer(&tenant).await.map_err(tenant_error)?;
         let disclosure = if role == Some(Role::Write) && !gw.write_keys_read_values {

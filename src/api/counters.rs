@@ -58,7 +58,9 @@ pub struct Incremented {
 
 impl Incremented {
     /// `counter`: `None` when there is none, or when the answer may not
-    /// show it ([`Disclosure::Outcome`]).
+    /// show it ([`Disclosure::Outcome`]). The handlers answer through
+    /// [`answer`]; this is its reference, in a unit test.
+    #[cfg(test)]
     fn new(
         key: &CounterKey,
         counter: Option<Counter>,
@@ -160,7 +162,7 @@ pub async fn decrement(
     add(writer, path, body, Direction::Subtract, sender).await
 }
 
-async fn add(
+pub(super) async fn add(
     CounterWriter { app, disclosure }: CounterWriter,
     path: KeyPath,
     body: axum::body::Bytes,
@@ -210,7 +212,125 @@ async fn add(
         // not): the counter as it stands, if there is one.
         (None, Disclosure::Counter) => app.store.get(&key).await?,
     };
-    Ok(Json(Incremented::new(&key, counter, skipped, disclosure)).into_response())
+    Ok(answer(&key, counter.as_ref(), skipped, disclosure))
+}
+
+/// The 200 answer to an increment or decrement: what
+/// `Json(Incremented::new(..))` answers, byte for byte (a unit test
+/// compares them), written straight into one buffer: no `Incremented` with
+/// its six strings, no timestamp formatted through a `String`.
+fn answer(
+    key: &CounterKey,
+    counter: Option<&Counter>,
+    skipped: Option<Skipped>,
+    disclosure: Disclosure,
+) -> Response {
+    let mut out = Vec::with_capacity(192);
+    write_answer(&mut out, key, counter, skipped, disclosure);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        axum::body::Bytes::from(out),
+    )
+        .into_response()
+}
+
+fn write_answer(
+    out: &mut Vec<u8>,
+    key: &CounterKey,
+    counter: Option<&Counter>,
+    skipped: Option<Skipped>,
+    disclosure: Disclosure,
+) {
+    // Strings through serde_json, as `Json` escapes them; writing to a
+    // vector cannot fail.
+    let string = |out: &mut Vec<u8>, s: &str| {
+        let _ = serde_json::to_writer(&mut *out, s);
+    };
+    out.extend_from_slice(b"{\"id\":");
+    string(out, &key.doc_id());
+    out.extend_from_slice(b",\"entity\":");
+    string(out, &key.entity);
+    out.extend_from_slice(b",\"action\":");
+    string(out, &key.action);
+    out.extend_from_slice(b",\"uuid\":");
+    string(out, &key.uuid);
+    if disclosure == Disclosure::Counter {
+        out.extend_from_slice(b",\"value\":");
+        let value = counter.map_or(0, |c| c.value);
+        out.extend_from_slice(itoa_i64(value, &mut [0; 20]));
+        if let Some(c) = counter {
+            if let Some(category) = &c.category {
+                out.extend_from_slice(b",\"category\":");
+                string(out, category);
+            }
+            out.extend_from_slice(b",\"first_timestamp\":\"");
+            write_ms(out, c.first_ms);
+            out.extend_from_slice(b"\",\"recorded_timestamp\":\"");
+            write_ms(out, c.recorded_ms);
+            out.push(b'"');
+        }
+    }
+    out.extend_from_slice(match skipped {
+        None => b",\"counted\":true}",
+        Some(Skipped::Duplicate) => b",\"counted\":false,\"skipped\":\"duplicate\"}",
+        Some(Skipped::Repeat) => b",\"counted\":false,\"skipped\":\"repeat\"}",
+    });
+}
+
+/// `value` in decimal, in `buf`.
+fn itoa_i64(value: i64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut n = value.unsigned_abs();
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if value < 0 {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    &buf[at..]
+}
+
+/// [`format_ms`] of `ms` (`2026-12-05T15:16:25.625Z`), without a `String`
+/// for years 0 to 9999 (the others through it).
+fn write_ms(out: &mut Vec<u8>, ms: i64) {
+    use chrono::{Datelike, Timelike};
+    let t = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms).unwrap_or_default();
+    if !(0..=9999).contains(&t.year()) {
+        out.extend_from_slice(format_ms(ms).as_bytes());
+        return;
+    }
+    let digits = |out: &mut Vec<u8>, n: u32, width: usize| {
+        let mut buf = [b'0'; 4];
+        let mut n = n;
+        for d in buf[..width].iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        out.extend_from_slice(&buf[..width]);
+    };
+    digits(out, t.year() as u32, 4);
+    out.push(b'-');
+    digits(out, t.month(), 2);
+    out.push(b'-');
+    digits(out, t.day(), 2);
+    out.push(b'T');
+    digits(out, t.hour(), 2);
+    out.push(b':');
+    digits(out, t.minute(), 2);
+    out.push(b':');
+    digits(out, t.second(), 2);
+    out.push(b'.');
+    digits(out, t.timestamp_subsec_millis(), 3);
+    out.push(b'Z');
 }
 
 #[utoipa::path(get, path = "/v1/counters/{entity}/{action}/{uuid}",
@@ -284,4 +404,60 @@ pub async fn target(
         uuid: path.uuid,
         counters,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{write_answer, Disclosure, Incremented, Skipped};
+    use crate::domain::{Counter, CounterKey};
+
+    /// The answer written by hand is `Json(Incremented)`'s, byte for byte.
+    #[test]
+    fn the_answer_is_the_serialized_one() {
+        let keys = [
+            CounterKey::new("VIDEO", "VIEW", "item-1").unwrap(),
+            CounterKey::new("a_b", "c%d", "é\"q\\")
+                .unwrap_or_else(|_| CounterKey::new("a_b", "c%d", "x").unwrap()),
+        ];
+        let times = [
+            0,
+            1_764_946_585_625,
+            -1,
+            -62_135_596_800_000,
+            253_402_300_799_999,
+            253_402_300_800_000,
+            i64::MAX,
+        ];
+        for key in &keys {
+            for (i, &ms) in times.iter().enumerate() {
+                let counter = Counter {
+                    key: key.clone(),
+                    value: [0, 1, -7, i64::MAX, i64::MIN, 42, 1_234_567][i],
+                    category: [None, Some("sport\n\u{1}\"x\"é".to_owned())][i % 2].clone(),
+                    first_ms: ms,
+                    recorded_ms: ms.saturating_add(1),
+                };
+                for counter in [Some(&counter), None] {
+                    for skipped in [None, Some(Skipped::Duplicate), Some(Skipped::Repeat)] {
+                        for disclosure in [Disclosure::Counter, Disclosure::Outcome] {
+                            let mut mine = Vec::new();
+                            write_answer(&mut mine, key, counter, skipped, disclosure);
+                            let theirs = serde_json::to_vec(&Incremented::new(
+                                key,
+                                counter.cloned(),
+                                skipped,
+                                disclosure,
+                            ))
+                            .unwrap();
+                            assert_eq!(
+                                String::from_utf8_lossy(&mine),
+                                String::from_utf8_lossy(&theirs),
+                                "{key} {ms} {skipped:?} {disclosure:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

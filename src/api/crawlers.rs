@@ -363,8 +363,13 @@ impl FromRequestParts<Arc<Gateway>> for Crawler {
         parts: &mut Parts,
         gw: &Arc<Gateway>,
     ) -> Result<Self, Self::Rejection> {
-        Ok(Crawler(Sender::crawler_if(left_out(parts, gw))))
+        Ok(Crawler(sender(parts, gw)))
     }
+}
+
+/// What [`Crawler`] tells of a request (for the increment's fast path too).
+pub(super) fn sender(parts: &Parts, gw: &Gateway) -> Sender {
+    Sender::crawler_if(left_out(parts, gw))
 }
 
 /// [`Crawler`] for the pixel, which is browser ingestion whatever it carries.

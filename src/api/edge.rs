@@ -91,31 +91,39 @@ pub async fn observe(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -
 /// keys the key is the protection and any `Host` is answered. A request
 /// without any `Host` (no browser sends one) passes.
 pub async fn check_host(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+    match host_refusal(&gw, req.uri(), req.headers()) {
+        Some(refused) => refused.into_response(),
+        None => next.run(req).await,
+    }
+}
+
+/// What [`check_host`] answers instead of the route, if anything: also
+/// asked by the increment's fast path (`super::fast`), which leaves a
+/// refused request to the router.
+pub(super) fn host_refusal(
+    gw: &Gateway,
+    uri: &axum::http::Uri,
+    headers: &axum::http::HeaderMap,
+) -> Option<ApiError> {
     // Probes address pods by IP, not by name, and these answers reveal
     // nothing a rebinding page could use: they stay open to any Host.
-    let path = req.uri().path();
+    let path = uri.path();
     if !gw.keys.is_empty() || path == "/healthz" || path == "/readyz" {
-        return next.run(req).await;
+        return None;
     }
-    let host = match req.headers().get(header::HOST) {
+    let host = match headers.get(header::HOST) {
         Some(value) => match value.to_str() {
-            Ok(host) => host.to_owned(),
+            Ok(host) => host,
             Err(_) => {
-                return ApiError::HostNotAllowed(String::from_utf8_lossy(value.as_bytes()).into())
-                    .into_response()
+                return Some(ApiError::HostNotAllowed(
+                    String::from_utf8_lossy(value.as_bytes()).into(),
+                ))
             }
         },
         // HTTP/2 carries the host in the URI's authority instead.
-        None => match req.uri().authority() {
-            Some(authority) => authority.as_str().to_owned(),
-            None => return next.run(req).await,
-        },
+        None => uri.authority()?.as_str(),
     };
-    if host_allowed(&host, &gw.allowed_hosts) {
-        next.run(req).await
-    } else {
-        ApiError::HostNotAllowed(host).into_response()
-    }
+    (!host_allowed(host, &gw.allowed_hosts)).then(|| ApiError::HostNotAllowed(host.to_owned()))
 }
 
 /// Loopback keeps other machines out, not the pages a developer opens: any
@@ -130,13 +138,24 @@ pub async fn check_host(State(gw): State<Arc<Gateway>>, req: Request, next: Next
 /// any client that is not a browser (no such headers) still write. With
 /// keys the key decides.
 pub async fn check_site(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
-    if !gw.keys.is_empty() || !request_writes(req.method(), req.uri()) {
-        return next.run(req).await;
-    }
-    match foreign_page(req.headers(), &gw.allowed_hosts, &gw.cors_origins) {
-        Some(said) => ApiError::CrossSite(said).into_response(),
+    match site_refusal(&gw, req.method(), req.uri(), req.headers()) {
+        Some(refused) => refused.into_response(),
         None => next.run(req).await,
     }
+}
+
+/// What [`check_site`] answers instead of the route, if anything (asked
+/// by the fast path too, as [`host_refusal`]).
+pub(super) fn site_refusal(
+    gw: &Gateway,
+    method: &Method,
+    uri: &axum::http::Uri,
+    headers: &axum::http::HeaderMap,
+) -> Option<ApiError> {
+    if !gw.keys.is_empty() || !request_writes(method, uri) {
+        return None;
+    }
+    foreign_page(headers, &gw.allowed_hosts, &gw.cors_origins).map(ApiError::CrossSite)
 }
 
 /// Whether a route may change data: every method but `GET`, `HEAD` and

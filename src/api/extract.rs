@@ -67,20 +67,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
-            let ct = ct.to_str().unwrap_or_default();
-            let mime = ct
-                .split(';')
-                .next()
-                .unwrap_or_default()
-                .trim()
-                .to_ascii_lowercase();
-            if mime != "application/json" && mime != "text/plain" {
-                return Err(ApiError::UnsupportedMediaType(format!(
-                    "content type {ct:?} is not accepted; send application/json (or text/plain from sendBeacon)"
-                )));
-            }
-        }
+        check_content_type(req.headers())?;
         // No body (a bare increment): nothing to collect.
         if axum::body::HttpBody::size_hint(req.body()).exact() == Some(0) {
             return Ok(JsonBytes(Bytes::new()));
@@ -100,6 +87,22 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
         })?;
         Ok(JsonBytes(bytes))
     }
+}
+
+/// The content types a JSON body may come as ([`JsonBytes`]); also
+/// asked by the increment's fast path (`super::fast`).
+pub(super) fn check_content_type(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let ct = ct.to_str().unwrap_or_default();
+    let mime = ct.split(';').next().unwrap_or_default().trim();
+    if mime.eq_ignore_ascii_case("application/json") || mime.eq_ignore_ascii_case("text/plain") {
+        return Ok(());
+    }
+    Err(ApiError::UnsupportedMediaType(format!(
+        "content type {ct:?} is not accepted; send application/json (or text/plain from sendBeacon)"
+    )))
 }
 
 /// Parses JSON into `T`, naming the path of the offending field on failure

@@ -15,6 +15,7 @@ mod days;
 pub mod edge;
 pub mod events;
 mod extract;
+pub mod fast;
 mod milestones;
 mod model;
 mod multiread;
@@ -148,6 +149,16 @@ pub(crate) fn table() -> OpenApiRouter<Arc<Gateway>> {
 /// The whole HTTP API over `gw`; `serve` and the tests drive exactly this
 /// router. Fails only on a bad CORS origin.
 pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
+    build(gw).map(|(router, _)| router)
+}
+
+/// What `serve` runs: [`gateway_router`] with the single increment's fast
+/// path in front of it ([`fast`]).
+pub fn gateway_app(gw: Gateway) -> Result<fast::App, String> {
+    build(gw).map(|(router, gw)| fast::App::new(gw, router))
+}
+
+fn build(gw: Gateway) -> Result<(Router, Arc<Gateway>), String> {
     let limits = gw.tenants.default_tenant().limits;
     let cors = edge::cors(&gw.cors_origins)?;
     let (router, _) = table().split_for_parts();
@@ -174,9 +185,10 @@ pub fn gateway_router(gw: Gateway) -> Result<Router, String> {
             gw.clone(),
             edge::observe,
         ))
-        .with_state(gw);
-    Ok(match cors {
+        .with_state(gw.clone());
+    let router = match cors {
         Some(layer) => router.layer(layer),
         None => router,
-    })
+    };
+    Ok((router, gw))
 }

@@ -21,7 +21,7 @@ use counter_gateway::ratelimit::RateLimiter;
 use counter_gateway::store::sqlite::{Durability, FsyncFault, SqliteStore, WriterSql};
 use counter_gateway::store::Store;
 use counter_gateway::tenant::{Shared, Tenants};
-use counter_gateway::{gateway_router, AppState, Gateway, Limits};
+use counter_gateway::{gateway_app, gateway_router, AppState, Gateway, Limits};
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -58,6 +58,9 @@ pub struct Options {
     pub write_keys_read_values: bool,
     /// `--stream-interval`, `--max-streams` and the streams' timings.
     pub streams: counter_gateway::api::stream::StreamConfig,
+    /// Serve the router alone, without the single increment's fast path
+    /// in front of it (`tests/fast_path.rs` compares the two).
+    pub router_only: bool,
 }
 
 /// Body limit of the test apps.
@@ -87,6 +90,7 @@ impl Default for Options {
             count_crawlers: false,
             write_keys_read_values: false,
             streams: Default::default(),
+            router_only: false,
         }
     }
 }
@@ -239,18 +243,29 @@ impl TestApp {
             .expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let (stop_server, stopped) = oneshot::channel::<()>();
-        let app = gateway_router(gateway)
-            .expect("router")
-            .into_make_service_with_connect_info::<std::net::SocketAddr>();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                    streams.close();
+        // What `serve` runs (the increment's fast path in front of the
+        // router), or the router alone.
+        macro_rules! serve {
+            ($app:expr) => {{
+                let app = $app;
+                tokio::spawn(async move {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(async move {
+                            let _ = stopped.await;
+                            streams.close();
+                        })
+                        .await
+                        .expect("serve");
                 })
-                .await
-                .expect("serve");
-        });
+            }};
+        }
+        let server = if options.router_only {
+            serve!(gateway_router(gateway)
+                .expect("router")
+                .into_make_service_with_connect_info::<std::net::SocketAddr>())
+        } else {
+            serve!(gateway_app(gateway).expect("app").into_make_service())
+        };
         TestApp {
             base: format!("http://{addr}"),
             http: client(),
