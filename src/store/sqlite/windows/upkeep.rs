@@ -285,16 +285,20 @@ impl Writer {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql("upkeep::windows_step"))?;
+        // Committed without memory's lock: these steps write only the
+        // table of the day after, which no list reads until memory's state
+        // says it is complete (set below, under the lock), and no flush
+        // comes in between (this holds the writer). A commit may take tens
+        // of milliseconds (a checkpoint of the log), lists meanwhile none.
         if state.copied < 0 {
             let next = windows::clear_next(&tx, &state)?;
-            let mut hot = self.hot.lock();
             tx.commit().map_err(sql("upkeep::windows_step"))?;
-            hot.windows.state = Some(next);
+            self.hot.lock().windows.state = Some(next);
             return Ok(true);
         }
         let copied = windows::copy_chunk(&tx, &state, &self.hot, WINDOWS_CHUNK)?;
-        let mut hot = self.hot.lock();
         tx.commit().map_err(sql("upkeep::windows_step"))?;
+        let mut hot = self.hot.lock();
         for (cid, next) in &copied.next {
             hot.windows.set_next(*cid, next);
         }
