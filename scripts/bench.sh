@@ -13,6 +13,7 @@
 #   BENCH_ONLY=milestones MILESTONE_COUNTERS=1000000 scripts/bench.sh # first_N_days lists (issue 24)
 #   BENCH_ONLY=hours HOURS_BASE_BIN=<build without hours> scripts/bench.sh # hour buckets' storage (issue 24)
 #   BENCH_ONLY=streams scripts/bench.sh  # only 10,000 idle live streams (CPU and memory)
+#   BENCH_ONLY=windows WINDOWS_COUNTERS=1000000 WINDOWS_RUNS=3 scripts/bench.sh # windowed lists (issue 23)
 #   BENCH_BIN=path/to/counter-gateway scripts/bench.sh # measure another build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +46,7 @@ BENCH_OUT=${BENCH_OUT:-target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  mkdir -p "$BENCH_OUT" && cp "$work"/wrk-*.txt "$work"/cpu-*.txt "$work"/table.txt "$work"/node-table.txt "$work"/milestones.txt "$BENCH_OUT"/ 2>/dev/null || true
+  mkdir -p "$BENCH_OUT" && cp "$work"/wrk-*.txt "$work"/cpu-*.txt "$work"/table.txt "$work"/node-table.txt "$work"/milestones.txt "$work"/windows-*.txt "$BENCH_OUT"/ 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -248,6 +249,57 @@ if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = milestones ]; then
   python3 scripts/bench/milestones.py "$base" "${MILESTONE_COUNTERS:-1000000}" "${MILESTONE_RUNS:-5}" \
     | tee "$work/milestones.txt"
   [ "${BENCH_ONLY:-}" = milestones ] && exit 0
+fi
+
+# --- Windowed top lists (issue 23): tests/bench_queries.rs loads
+# WINDOWS_COUNTERS counters (default 1,000,000) x 7 days (7 million events)
+# through POST /v1/events into an embedded store of the test's own process
+# (the server's default memory budget, BENCH_BUDGET_MIB to change it), then
+# times the first last-week top-100 lists right after the load, one every
+# 100 ms while the background writes the load's totals back (or rebuilds
+# them), and right after midnight (the injected clock moved to the next
+# day). WINDOWS_RUNS runs (default 3, several minutes each); printed: each
+# moment over the runs, min-max, and every run's figure. `BENCH_ONLY=windows`
+# runs only this.
+if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = windows ]; then
+  wcounters=${WINDOWS_COUNTERS:-1000000}
+  wruns=${WINDOWS_RUNS:-3}
+  printf '\nwindowed top lists: last_week top-100, %s counters x 7 days, %s runs (embedded store, tests/bench_queries.rs)\n' "$wcounters" "$wruns"
+  cargo test --release --locked --quiet --test bench_queries --no-run 2>/dev/null
+  for r in $(seq "$wruns"); do
+    if ! BENCH_COUNTERS=$wcounters cargo test --release --locked --quiet --test bench_queries -- \
+      --ignored --nocapture >"$work/windows-$r.txt" 2>&1; then
+      echo "run $r failed:"; tail -5 "$work/windows-$r.txt"
+    fi
+  done
+  python3 - "$work"/windows-*.txt <<'PY'
+import re, sys
+moments = [
+    (r"^loaded .* in ([\d.]+) s", "load of the 7 events per counter (s)"),
+    (r"^store\.top last_week after load #1\s+([\d.]+) ms", "first list right after the load (ms)"),
+    (r"^store\.top last_week after load #2\s+([\d.]+) ms", "second list right after the load (ms)"),
+    (r"^store\.top last_week category after load #1\s+([\d.]+) ms", "first list of a category after the load (ms)"),
+    (r"^store\.top last_week while background folded the load\s+max\s+([\d.]+) ms", "slowest list while the background works (ms)"),
+    (r"^background folded the load in ([\d.]+) s", "background done with the load after (s)"),
+    (r"^store\.top last_week size=100\s+min\s+[\d.]+ ms\s+median\s+([\d.]+) ms", "median list once written back (ms)"),
+    (r"^store\.top last_week after midnight #1\s+([\d.]+) ms", "first list right after midnight (ms)"),
+    (r"^store\.top last_week while background rolled the windows\s+max\s+([\d.]+) ms", "slowest list while the day rolls (ms)"),
+]
+runs = [open(p).read().splitlines() for p in sys.argv[1:]]
+for pattern, name in moments:
+    got = []
+    for lines in runs:
+        for line in lines:
+            m = re.match(pattern, line)
+            if m:
+                got.append(float(m.group(1)))
+                break
+    if not got:
+        print("%-48s %s" % (name, "n/a"))
+        continue
+    print("%-48s %10.3f - %-10.3f (%s)" % (name, min(got), max(got), ", ".join("%.3f" % g for g in got)))
+PY
+  [ "${BENCH_ONLY:-}" = windows ] && exit 0
 fi
 
 # --- CountAPI (issue 25): a page's hit (an increment through the pipeline,

@@ -11,6 +11,10 @@
 //!
 //! `BENCH_COUNTERS=1000000 cargo test --release --test bench_queries -- --ignored --nocapture`
 //!
+//! Lists are also timed every 100 ms while the background works (writes
+//! the load's window totals back, or rebuilds them), and across midnight.
+//! `BENCH_BUDGET_MIB` (default 256, the server's `--sqlite-memory-budget`)
+//! is the memory budget, which bounds the window totals memory holds.
 //! `BENCH_WAIT_SECS` (default 600) bounds each wait for the background;
 //! `BENCH_DIR` (an empty directory) keeps the database for a look after.
 
@@ -35,6 +39,18 @@ const PER_REQUEST: usize = 10_000;
 fn value(i: usize, day: i64) -> i64 {
     let x = (i as u64 ^ (day as u64).wrapping_mul(0x9E37_79B9)).wrapping_mul(0x2545_F491_4F6C_DD1D);
     (x >> 54) as i64 + 1
+}
+
+/// The resident memory of this process, in MiB.
+fn rss_mib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib / 1024)
 }
 
 fn report(name: &str, runs: &mut [Duration]) {
@@ -78,9 +94,37 @@ async fn first_queries(store: &dyn Store, q: &TopQuery, moment: &str, n: usize) 
 /// Waits (up to `BENCH_WAIT_SECS`) until the change log is folded, every
 /// window total memory held is written back (`windows_dirty` is empty) and
 /// the kept totals end on `today` with the table of the day after complete,
-/// reading the database file on its own connection (no query of the
-/// store); prints how long the background took.
-async fn wait_for_background(db: &std::path::Path, today: i64, what: &str) {
+/// reading the database file on its own connection; prints how long the
+/// background took. With `probe`, times that list every 100 ms meanwhile
+/// (lists while the background writes totals back, or rebuilds them) and
+/// prints the slowest and the median.
+async fn wait_for_background(
+    db: &std::path::Path,
+    today: i64,
+    what: &str,
+    probe: Option<(&dyn Store, &TopQuery)>,
+) {
+    let mut probed = Vec::new();
+    wait_probing(db, today, what, probe, &mut probed).await;
+    if !probed.is_empty() {
+        probed.sort();
+        println!(
+            "{:<44} max {:>9.3} ms   median {:>9.3} ms   ({} lists)",
+            format!("store.top last_week while background {what}"),
+            probed[probed.len() - 1].as_secs_f64() * 1e3,
+            probed[probed.len() / 2].as_secs_f64() * 1e3,
+            probed.len()
+        );
+    }
+}
+
+async fn wait_probing(
+    db: &std::path::Path,
+    today: i64,
+    what: &str,
+    probe: Option<(&dyn Store, &TopQuery)>,
+    probed: &mut Vec<Duration>,
+) {
     let limit: u64 = std::env::var("BENCH_WAIT_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -107,7 +151,15 @@ async fn wait_for_background(db: &std::path::Path, today: i64, what: &str) {
             println!("background {what}: not done after {limit} s ({log} log rows and counters held in memory, {behind} windows behind)");
             return;
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        if let Some((store, q)) = probe {
+            probed.push(timed(store, q).await);
+        }
+        tokio::time::sleep(Duration::from_millis(if probe.is_some() {
+            100
+        } else {
+            250
+        }))
+        .await;
     }
 }
 
@@ -125,6 +177,17 @@ async fn query_timings_at_a_million_counters() {
     // The wall time at start, standing still until the day change below.
     let now = chrono::Utc::now();
     let clock = ManualClock::new(now);
+    // The server's default memory budget (`--sqlite-memory-budget`), which
+    // bounds the window totals memory holds; `BENCH_BUDGET_MIB` sets another.
+    let budget_mib: u64 = std::env::var("BENCH_BUDGET_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    counter_gateway::store::sqlite::set_memory_budget(budget_mib << 20);
+    println!(
+        "memory budget {budget_mib} MiB, VmRSS before the load {} MiB",
+        rss_mib()
+    );
     let store: Arc<dyn Store> = Arc::new(
         SqliteStore::open(
             dir,
@@ -209,9 +272,10 @@ async fn query_timings_at_a_million_counters() {
     }
     let load = started.elapsed();
     println!(
-        "loaded {n} counters x {DAYS} days = {sent} events in {:.1} s ({:.0} events/s)",
+        "loaded {n} counters x {DAYS} days = {sent} events in {:.1} s ({:.0} events/s), VmRSS {} MiB",
         load.as_secs_f64(),
-        sent as f64 / load.as_secs_f64()
+        sent as f64 / load.as_secs_f64(),
+        rss_mib()
     );
     if without_indexes {
         return;
@@ -247,7 +311,14 @@ async fn query_timings_at_a_million_counters() {
     // All-time lists fold the change log first (at most 32,768 counters
     // pending after a load: the rest was written directly).
     first_queries(&*store, &top(None, None), "after load", 2).await;
-    wait_for_background(&db, today, "folded the load").await;
+    wait_for_background(
+        &db,
+        today,
+        "folded the load",
+        Some((&*store, &top(Some(week), None))),
+    )
+    .await;
+    println!("VmRSS once the background is done {} MiB", rss_mib());
     for (name, q) in &cases {
         let runs_wanted = if q.window.is_some() { 10 } else { 50 };
         let mut runs = Vec::new();
@@ -369,7 +440,13 @@ async fn query_timings_at_a_million_counters() {
         to_day: tomorrow,
     };
     first_queries(&*store, &top(Some(next_week), None), "after midnight", 3).await;
-    wait_for_background(&db, tomorrow, "rolled the windows").await;
+    wait_for_background(
+        &db,
+        tomorrow,
+        "rolled the windows",
+        Some((&*store, &top(Some(next_week), None))),
+    )
+    .await;
     let mut runs = Vec::new();
     for _ in 0..10 {
         runs.push(timed(&*store, &top(Some(next_week), None)).await);

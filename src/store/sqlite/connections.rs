@@ -126,9 +126,48 @@ static MEMORY_BUDGET: AtomicU64 = AtomicU64::new(0);
 /// Cache sizes follow it too: a writer may cache a quarter of the budget (at
 /// most 64 MiB, its size before the budget), a reader 1/64 (at most SQLite's
 /// default 2,000 KiB), so one busy tenant cannot evict all the others.
+/// The window totals the stores hold in memory share it: they may take
+/// three quarters of it (`windows::upkeep::held_max`), and the soft heap
+/// limit is lowered by what they hold ([`windows_hold`]).
 pub fn set_memory_budget(bytes: u64) {
     MEMORY_BUDGET.store(bytes, Ordering::SeqCst);
     let limit = i64::try_from(bytes).unwrap_or(i64::MAX);
+    SOFT_LIMIT.store(limit, Ordering::Relaxed);
+    // SAFETY: a plain call with an integer; SQLite serialises it itself.
+    unsafe {
+        rusqlite::ffi::sqlite3_soft_heap_limit64(limit);
+    }
+}
+
+/// The memory budget of every store of the process, in bytes: the one set,
+/// or the command line's default (256 MiB) when none was (tests, tools).
+pub(super) fn memory_budget() -> u64 {
+    match MEMORY_BUDGET.load(Ordering::SeqCst) {
+        0 => DEFAULT_BUDGET,
+        b => b,
+    }
+}
+
+/// `--sqlite-memory-budget`'s default.
+const DEFAULT_BUDGET: u64 = 256 << 20;
+
+/// The soft heap limit last given to SQLite by [`windows_hold`].
+static SOFT_LIMIT: AtomicI64 = AtomicI64::new(0);
+
+/// The window totals the stores hold in memory (`windows::memory`) take
+/// `bytes` of the budget now: SQLite's soft heap limit is the rest, at
+/// least a quarter of the budget, so that the two together stay within it.
+/// Changed only when it moves by a MiB or more (it is asked after every flush).
+pub(super) fn windows_hold(bytes: u64) {
+    let budget = MEMORY_BUDGET.load(Ordering::SeqCst);
+    if budget == 0 {
+        return;
+    }
+    let limit = i64::try_from(budget.saturating_sub(bytes).max(budget / 4)).unwrap_or(i64::MAX);
+    if (limit - SOFT_LIMIT.load(Ordering::Relaxed)).abs() < 1 << 20 {
+        return;
+    }
+    SOFT_LIMIT.store(limit, Ordering::Relaxed);
     // SAFETY: a plain call with an integer; SQLite serialises it itself.
     unsafe {
         rusqlite::ffi::sqlite3_soft_heap_limit64(limit);

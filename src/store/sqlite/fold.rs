@@ -26,7 +26,6 @@ use std::collections::HashMap;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::hot;
-use super::windows::upkeep::{WINDOWS_HELD, WINDOWS_HELD_MAX, WINDOWS_WRITE_BACK};
 use super::{internal_msg, log, sql};
 use crate::store::StoreError;
 
@@ -324,22 +323,14 @@ impl super::Writer {
     }
 
     /// After a flush: folds a chunk when the log or the pending counters
-    /// have grown past their marks, and writes back window rows past
-    /// [`WINDOWS_HELD`]. A failure is logged, not returned: the flush it
+    /// have grown past their marks, and bounds the window totals memory
+    /// holds (`windows_after_flush`). A failure is logged, not returned: the flush it
     /// follows committed.
     pub(super) fn fold_after_flush(&mut self) {
         if self.hooks.fold_held() {
             return;
         }
-        let held = self.hot.lock().windows.len();
-        let kept = if held > WINDOWS_HELD_MAX {
-            self.drop_windows()
-        } else if held > WINDOWS_HELD {
-            self.write_back(WINDOWS_WRITE_BACK).map(|_| ())
-        } else {
-            Ok(())
-        };
-        if let Err(e) = kept {
+        if let Err(e) = self.windows_after_flush() {
             tracing::warn!(error = %e, "writing window totals back failed (retried later)");
         }
         let pending = self.hot.pending();

@@ -20,9 +20,13 @@
 //!   merges the tables' index walk with a scan of that memory. Updating the
 //!   rows in a flush cost about 15 µs per counter and window table (two
 //!   b-trees per window); adding in memory, nanoseconds.
+//! - Memory holds as many counters as the memory budget allows
+//!   (`upkeep::held_max`: a million counters' bulk load stays there, and
+//!   is written back in one sorted pass once flushes pause), and a list
+//!   reads only the few blocks of it that can enter (`memory`).
 //! - `windows_dirty` lists the counters held in memory (their rows are
 //!   missing): after a crash, the next open recomputes exactly those from
-//!   their buckets.
+//!   their buckets, or rebuilds the tables when they are many.
 //! - A counter is in a window exactly when it has a bucket inside it, even
 //!   when the sum is 0. A total is kept in two integers, `hi · 2^62 + lo`
 //!   with `0 <= lo < 2^62` ([`join`]): each bucket fits i64 but a window's
@@ -811,6 +815,10 @@ pub(super) fn top(
     if !held.is_empty() {
         entries.extend(held);
         entries.sort_by(|a, b| b.value.cmp(&a.value).then_with(|| a.uuid.cmp(&b.uuid)));
+        // A counter in both (a bulk write-back committed, memory not yet
+        // emptied: `upkeep::write_back_bulk_past`) has the same total in
+        // both, so its two entries are next to each other.
+        entries.dedup_by(|a, b| a.uuid == b.uuid);
         entries.truncate(q.size);
     }
     Ok(Some(entries))

@@ -6,20 +6,31 @@
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use super::super::{sql, windows, Writer};
+use super::super::{connections, sql, windows, Writer};
+use super::memory;
 use crate::store::StoreError;
 
-/// Counters whose window totals memory holds (about 200 bytes each) past
-/// which each flush writes back [`WINDOWS_WRITE_BACK`] of them, so that
-/// steady traffic over many counters keeps memory bounded...
-pub(in crate::store::sqlite) const WINDOWS_HELD: usize = 262_144;
+/// Counters written back per flush once a store holds three quarters of
+/// what it may ([`held_max`]), so that steady traffic over many counters
+/// keeps memory bounded without a drop.
 pub(in crate::store::sqlite) const WINDOWS_WRITE_BACK: usize = 500;
-/// ...and past which the totals stop being kept until a rebuild from the
+
+/// Counters whose window totals the stores of the process may hold in
+/// memory together: three quarters of the memory budget
+/// (`--sqlite-memory-budget`, whose SQLite share shrinks by as much while
+/// they are held, `connections::windows_hold`), at about
+/// [`memory::BYTES_PER_COUNTER`] each; 1.18 million at the default 256 MiB.
+///
+/// Past it a store stops keeping its totals until a rebuild from the
 /// buckets once flushes pause (lists sum buckets meanwhile, exact): a load
 /// of this many distinct counters between two pauses would otherwise run
 /// at the pace of writing rows, some 50 µs per counter, where a rebuild
 /// after it costs a few µs per bucket.
-pub(in crate::store::sqlite) const WINDOWS_HELD_MAX: usize = 393_216;
+pub(in crate::store::sqlite) fn held_max() -> usize {
+    let budget = connections::memory_budget();
+    usize::try_from(budget / 4 * 3 / memory::BYTES_PER_COUNTER as u64).unwrap_or(usize::MAX)
+}
+
 /// Counters held past which writing them back in bulk may pay
 /// (`Writer::write_back_bulk`).
 pub(in crate::store::sqlite) const WINDOWS_BULK: usize = 65_536;
@@ -111,14 +122,7 @@ impl Writer {
             if hot.windows.len() < bulk {
                 return Ok(false);
             }
-            let cids: Vec<i64> = hot
-                .windows
-                .cids()
-                .iter()
-                .copied()
-                .filter(|&cid| !hot.is_pending(cid))
-                .collect();
-            (state, cids)
+            (state, hot.windows.unpending())
         };
         if cids.len() < bulk || (cids.len() as i64) < windows::rows(&self.conn, &state)? {
             return Ok(false);
@@ -144,18 +148,48 @@ impl Writer {
             }
         }
         windows::create_indexes(&tx)?;
-        let mut hot = self.hot.lock();
+        // Committed without memory's lock (writing a million rows' pages
+        // to the log takes seconds): a list meanwhile may read the rows and
+        // memory's totals of the same counters, equal (no flush comes
+        // between: this holds the writer), which it counts once
+        // (`windows::top`).
         tx.commit().map_err(sql("upkeep::write_back_bulk_past"))?;
-        for &cid in &sorted {
-            hot.windows.remove(cid);
-        }
+        let mut hot = self.hot.lock();
+        // Every counter held, as after a bulk load: memory is handed back
+        // whole and freed once the lock is released (lists wait for it).
+        let bytes = hot.windows.bytes();
+        let freed = if sorted.len() == hot.windows.len() {
+            Some(hot.windows.take_all())
+        } else {
+            for &cid in &sorted {
+                hot.windows.remove(cid);
+            }
+            None
+        };
         drop(hot);
+        drop(freed);
         tracing::info!(
             counters = sorted.len(),
+            memory_bytes = bytes,
             ms = started.elapsed().as_millis() as u64,
             "window totals written back in bulk"
         );
         Ok(true)
+    }
+
+    /// After a flush: writes back [`WINDOWS_WRITE_BACK`] counters once this
+    /// store holds three quarters of its room, and stops keeping the totals
+    /// past it (see [`held_max`]). A store's room is what the process may
+    /// hold less what the other stores hold.
+    pub(in crate::store::sqlite) fn windows_after_flush(&mut self) -> Result<(), StoreError> {
+        let own = self.hot.lock().windows.len();
+        let total = memory::held_total();
+        connections::windows_hold((total * memory::BYTES_PER_COUNTER) as u64);
+        match bound(own, total, held_max()) {
+            Bound::Drop => self.drop_windows(),
+            Bound::WriteBack => self.write_back(WINDOWS_WRITE_BACK).map(|_| ()),
+            Bound::Keep => Ok(()),
+        }
     }
 
     /// Moves the kept window totals to `today` when the day changed: one
@@ -197,9 +231,13 @@ impl Writer {
         let mut hot = self.hot.lock();
         tx.commit().map_err(sql("upkeep::drop_windows"))?;
         hot.windows.state = None;
-        hot.windows.clear();
+        let (counters, bytes) = (hot.windows.len(), hot.windows.bytes());
+        let freed = hot.windows.take_all();
         drop(hot);
+        drop(freed);
         tracing::info!(
+            counters,
+            memory_bytes = bytes,
             "window totals no longer kept until rebuilt (a bulk load, or the clock days ahead)"
         );
         Ok(())
@@ -247,16 +285,20 @@ impl Writer {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql("upkeep::windows_step"))?;
+        // Committed without memory's lock: these steps write only the
+        // table of the day after, which no list reads until memory's state
+        // says it is complete (set below, under the lock), and no flush
+        // comes in between (this holds the writer). A commit may take tens
+        // of milliseconds (a checkpoint of the log), lists meanwhile none.
         if state.copied < 0 {
             let next = windows::clear_next(&tx, &state)?;
-            let mut hot = self.hot.lock();
             tx.commit().map_err(sql("upkeep::windows_step"))?;
-            hot.windows.state = Some(next);
+            self.hot.lock().windows.state = Some(next);
             return Ok(true);
         }
         let copied = windows::copy_chunk(&tx, &state, &self.hot, WINDOWS_CHUNK)?;
-        let mut hot = self.hot.lock();
         tx.commit().map_err(sql("upkeep::windows_step"))?;
+        let mut hot = self.hot.lock();
         for (cid, next) in &copied.next {
             hot.windows.set_next(*cid, next);
         }
@@ -265,11 +307,33 @@ impl Writer {
     }
 }
 
+/// What a flush does about the window totals its store holds in memory.
+#[derive(Debug, PartialEq, Eq)]
+enum Bound {
+    Keep,
+    WriteBack,
+    Drop,
+}
+
+/// A store holding `own` counters, the process `total`, of at most `max`:
+/// its room is `max` less what the other stores hold.
+fn bound(own: usize, total: usize, max: usize) -> Bound {
+    let room = max.saturating_sub(total.saturating_sub(own));
+    if own > room {
+        Bound::Drop
+    } else if own > room / 4 * 3 {
+        Bound::WriteBack
+    } else {
+        Bound::Keep
+    }
+}
+
 /// Brings the kept window totals to `today` at open (the change log is
 /// folded: buckets are exact): a flip if the day after is complete, a
 /// rebuild from the buckets if they are missing (a new database, or one of
 /// schema 5 or before) or two days or more behind; the counters memory
-/// held at a crash (`windows_dirty`) are recomputed from their buckets.
+/// held at a crash (`windows_dirty`) are recomputed from their buckets,
+/// or, past [`WINDOWS_BULK`] of them, the tables rebuilt.
 pub(in crate::store::sqlite) fn open_windows(
     conn: &mut Connection,
     today: i64,
@@ -286,6 +350,14 @@ pub(in crate::store::sqlite) fn open_windows(
         .prepare("SELECT cid FROM windows_dirty")
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
         .map_err(sql("upkeep::open_windows"))?;
+    // Many counters held at a crash (a bulk load under way): one rebuild
+    // reads each bucket once, where a recompute per counter costs a few
+    // random reads and writes of rows each (about 50 µs).
+    let (state, held) = if held.len() > WINDOWS_BULK {
+        (windows::rebuild(&tx, today)?, Vec::new())
+    } else {
+        (state, held)
+    };
     for cid in held {
         windows::recompute(&tx, &state, cid)?;
     }
@@ -296,4 +368,25 @@ pub(in crate::store::sqlite) fn open_windows(
     };
     tx.commit().map_err(sql("upkeep::open_windows"))?;
     Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_keeps_what_the_budget_leaves_it_beside_the_others() {
+        // The default budget holds a million counters' totals.
+        assert!(held_max() > 1_000_000, "{}", held_max());
+        assert_eq!(bound(700, 700, 1_000), Bound::Keep);
+        assert_eq!(bound(800, 800, 1_000), Bound::WriteBack);
+        assert_eq!(bound(1_001, 1_001, 1_000), Bound::Drop);
+        // Other stores hold 500: this one's room is the other half.
+        assert_eq!(bound(300, 800, 1_000), Bound::Keep);
+        assert_eq!(bound(400, 900, 1_000), Bound::WriteBack);
+        assert_eq!(bound(501, 1_001, 1_000), Bound::Drop);
+        // The others alone past the bound: any holding is dropped.
+        assert_eq!(bound(1, 1_200, 1_000), Bound::Drop);
+        assert_eq!(bound(0, 1_200, 1_000), Bound::Keep);
+    }
 }
