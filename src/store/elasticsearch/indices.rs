@@ -276,10 +276,11 @@ impl ElasticsearchStore {
         Ok(deleted)
     }
 
-    /// Retention without ILM: on an engine without it (OpenSearch), deletes
-    /// expired bucket indices at start and then once a day, in the
-    /// background. Where ILM runs, the policy installed by `setup` does it
-    /// and this returns at once.
+    /// Retention the gateway does itself, at start and then once a day, in
+    /// the background: expired hour indices on every engine (no ILM policy
+    /// retires them, see `templates::NO_LIFECYCLE`), and expired day-bucket
+    /// indices on an engine without ILM (OpenSearch, Elasticsearch OSS);
+    /// where ILM runs, the policy installed by `setup` retires those.
     pub async fn run_retention(self: std::sync::Arc<Self>, retention_days: u32) {
         loop {
             // Hour indices on every engine: no ILM policy retires them

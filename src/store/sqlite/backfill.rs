@@ -172,22 +172,6 @@ pub(super) fn set_value_in(
         .map_err(sql("backfill::set_value_in"))
 }
 
-/// A difference of two i64 values as log deltas that each fit i64: one
-/// almost always, up to three when it leaves the range (`MAX - MIN` is
-/// `MAX + MAX + 1`); the fold sums them exactly.
-pub(super) fn split(diff: i128) -> Vec<i64> {
-    let mut parts = Vec::with_capacity(1);
-    let mut rest = diff;
-    loop {
-        let part = rest.clamp(i128::from(i64::MIN), i128::from(i64::MAX));
-        parts.push(part as i64);
-        rest -= part;
-        if rest == 0 {
-            return parts;
-        }
-    }
-}
-
 /// Commits `tx`, in which a backfill or an import set the rows and buckets
 /// of the counters `cids` (named `keys`) directly: their window totals are
 /// recomputed from their buckets first, and memory forgets them with the
@@ -216,25 +200,4 @@ pub(super) fn commit_set_directly<'k>(
         held.windows.remove(cid);
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn differences_past_i64_are_logged_in_parts_that_sum_to_them() {
-        for diff in [
-            0i128,
-            -5,
-            i128::from(i64::MAX),
-            i128::from(i64::MAX) - i128::from(i64::MIN),
-            i128::from(i64::MIN) - i128::from(i64::MAX),
-        ] {
-            let parts = split(diff);
-            assert_eq!(parts.iter().map(|&p| i128::from(p)).sum::<i128>(), diff);
-            assert_eq!(parts.len() == 1, i64::try_from(diff).is_ok(), "{diff}");
-            assert!(parts.len() <= 3, "{diff}");
-        }
-    }
 }

@@ -115,7 +115,7 @@ impl<'c> HourRows<'c> {
     /// Adds `delta` to the hour bucket of `cid`; a bucket that would leave
     /// i64 is left as it is and its day's rest becomes unknown.
     pub fn add(&mut self, cid: i64, hour: i64, delta: i128) -> Result<(), StoreError> {
-        for part in super::backfill::split(delta) {
+        for part in super::log::split(delta) {
             let added = self
                 .hour
                 .execute(params![hour, cid, part])
@@ -129,7 +129,7 @@ impl<'c> HourRows<'c> {
 
     /// Adds `delta` to the rest of a day (what moved it without an hour).
     pub fn rest(&mut self, cid: i64, day: i64, delta: i128) -> Result<(), StoreError> {
-        for part in super::backfill::split(delta) {
+        for part in super::log::split(delta) {
             self.rest
                 .execute(params![day, cid, part])
                 .map_err(sql("hours::rest"))?;

@@ -159,6 +159,22 @@ fn get(rest: &mut &[u8]) -> Option<u64> {
     None
 }
 
+/// A difference of two i64 values as log deltas that each fit i64: one
+/// almost always, up to three when it leaves the range (`MAX - MIN` is
+/// `MAX + MAX + 1`); the fold sums them exactly.
+pub(super) fn split(diff: i128) -> Vec<i64> {
+    let mut parts = Vec::with_capacity(1);
+    let mut rest = diff;
+    loop {
+        let part = rest.clamp(i128::from(i64::MIN), i128::from(i64::MAX));
+        parts.push(part as i64);
+        rest -= part;
+        if rest == 0 {
+            return parts;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,5 +263,21 @@ mod tests {
         let mut read = Vec::new();
         decode(&v1, |e| read.push((e.cid, e.day, e.delta, e.hour))).unwrap();
         assert_eq!(read, vec![(300, 20_000, -5, None)]);
+    }
+
+    #[test]
+    fn differences_past_i64_are_logged_in_parts_that_sum_to_them() {
+        for diff in [
+            0i128,
+            -5,
+            i128::from(i64::MAX),
+            i128::from(i64::MAX) - i128::from(i64::MIN),
+            i128::from(i64::MIN) - i128::from(i64::MAX),
+        ] {
+            let parts = split(diff);
+            assert_eq!(parts.iter().map(|&p| i128::from(p)).sum::<i128>(), diff);
+            assert_eq!(parts.len() == 1, i64::try_from(diff).is_ok(), "{diff}");
+            assert!(parts.len() <= 3, "{diff}");
+        }
     }
 }

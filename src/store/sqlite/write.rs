@@ -218,7 +218,7 @@ impl<'h> Flush<'h> {
                 pending += 1;
             }
             for &(day, hour, delta) in &t.deltas {
-                for part in super::backfill::split(delta) {
+                for part in super::log::split(delta) {
                     blob.push(&log::Entry {
                         cid: t.entry.cid,
                         day,
