@@ -1057,3 +1057,66 @@ async fn countapi_records_move_to_the_cluster_and_verify_names_a_changed_admin_k
     );
     cleanup(&url, &p).await;
 }
+
+/// A day an import sets has no hours behind it: hour answers over it say
+/// `exact: false` on Elasticsearch, as over a backfilled day, while a day
+/// the import does not name stays exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real search engine: the gate starts one (scripts/opensearch.sh), or set ELASTICSEARCH_URL"]
+async fn hours_over_an_imported_day_are_not_exact() {
+    use counter_gateway::domain::HourRange;
+    let url = cluster().await;
+    let p = prefix();
+    let to = es_store(&url, &p, "default").await;
+    let key = CounterKey::new("ARTICLE", "VIEW", "h1").unwrap();
+    let hours_of = |day: i64| HourRange {
+        from_hour: day * 24,
+        to_hour: day * 24 + 23,
+    };
+    // An increment today and yesterday: exact hours.
+    for day in [today() - 1, today()] {
+        let inc = counter_gateway::domain::Increment {
+            key: key.clone(),
+            delta: 2,
+            category: None,
+            ts_ms: day * 86_400_000 + 3_600_000,
+            day,
+            id: None,
+            unique: None,
+            kind: counter_gateway::domain::Kind::Counter,
+        };
+        to.apply(counter_gateway::store::WriteBatch {
+            requests: vec![vec![inc]],
+            wanted: Default::default(),
+        })
+        .await
+        .unwrap();
+    }
+    let h = to
+        .hour_histogram(&key, hours_of(today()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(h.exact, "{h:?}");
+    // The file sets yesterday only.
+    let file = format!(
+        "{}{}\n",
+        format::header_line(),
+        json!({"kind": "counter", "entity": "ARTICLE", "action": "VIEW", "uuid": "h1",
+               "days": {format_day(today() - 1): 10}})
+    );
+    import_text(&to, &file).await;
+    let h = to
+        .hour_histogram(&key, hours_of(today() - 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!h.exact, "an imported day: {h:?}");
+    let h = to
+        .hour_histogram(&key, hours_of(today()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(h.exact, "a day the file does not name: {h:?}");
+    cleanup(&url, &p).await;
+}

@@ -34,8 +34,8 @@
 //! `terms` aggregation (a list) over the range's hour indices, exact as the
 //! windowed lists are (see `query`). A backfilled day has no hour: answers
 //! over it say `exact: false` (the counter's `set_days`; a list checks its
-//! listed counters only). `export`, `import` and `migrate` carry no hours
-//! yet.
+//! listed counters only), and so does a day an import set (marked there
+//! too). `export`, `import` and `migrate` carry no hours yet.
 //!
 //! # What is and is not atomic here
 //!

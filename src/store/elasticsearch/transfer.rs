@@ -44,6 +44,10 @@ use crate::store::{
 /// Hits per search page: Elasticsearch's default result window.
 pub(super) const SEARCH_PAGE: usize = 10_000;
 
+/// What `set_days` records for a day an import set: no backfill's set id
+/// (those are random), so a later backfill of that day applies as usual.
+const IMPORTED: &str = "import";
+
 /// Documents per `_mget`.
 const MGET_DOCS: usize = 1_000;
 
@@ -434,6 +438,7 @@ impl ElasticsearchStore {
             )
             .await?;
         }
+        let hourly_from = self.clock.today() - i64::from(self.config.hourly_retention_days);
         let mut out = Vec::with_capacity(which.len());
         for (&i, (counter, buckets)) in which.iter().zip(read) {
             let c = &counters[i];
@@ -456,6 +461,12 @@ impl ElasticsearchStore {
                 if let Some(id) = set {
                     set_days.insert(crate::domain::format_day(day), json!(id));
                 }
+            }
+            // The days this record sets have no hours behind them: marked as a
+            // backfilled day is, so hour answers over them say `exact: false`
+            // (days before the hourly retention hold no hours to compare).
+            for b in c.days.iter().filter(|b| b.day >= hourly_from) {
+                set_days.insert(crate::domain::format_day(b.day), json!(IMPORTED));
             }
             let Ok(total) = i64::try_from(total) else {
                 return Ok(Err(i));
