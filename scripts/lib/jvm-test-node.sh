@@ -113,8 +113,11 @@ cmd_start() {
   : >"$out"; : >"$log"
   local args=()
   [[ -n "$parent" ]] && args+=(--parent-pid "$parent")
+  # 1 GiB, as the OpenSearch 2.19 node: at 512 MiB, Elasticsearch 7.10's parent
+  # circuit breaker refused setups (429 "Data too large") once es_transfer ran
+  # six tests side by side over hour, CountAPI and target indices.
   # shellcheck disable=SC2206
-  local opts=($(node_env JAVA_OPTS "-Xms512m -Xmx512m"))
+  local opts=($(node_env JAVA_OPTS "-Xms1g -Xmx1g"))
   opts+=(-XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -XX:-OmitStackTraceInFastThrow
          -Dfile.encoding=UTF-8 -Djava.awt.headless=true -Dlog4j2.disable.jmx=true
          -Dlog4j2.formatMsgNoLookups=true -Dlog4j.shutdownHookEnabled=false
