@@ -1103,7 +1103,7 @@ async fn hours_over_an_imported_day_are_not_exact() {
         "{}{}\n",
         format::header_line(),
         json!({"kind": "counter", "entity": "ARTICLE", "action": "VIEW", "uuid": "h1",
-               "days": {format_day(today() - 1): 10}})
+               "before": 0, "days": {format_day(today() - 1): 10}})
     );
     import_text(&to, &file).await;
     let h = to
