@@ -254,6 +254,13 @@ fn parse_hour(field: &str, raw: &str, end: bool) -> Result<i64, String> {
 mod tests {
     use super::*;
 
+    /// The day `offset` days from the one holding `now`, as `from`/`to`
+    /// take it: ranges are written relative to the clock given, never to
+    /// a calendar day.
+    fn day(now: i64, offset: i64) -> String {
+        super::super::format_day(now.div_euclid(86_400_000) + offset)
+    }
+
     fn ms(s: &str) -> i64 {
         s.parse::<DateTime<Utc>>().unwrap().timestamp_millis()
     }
@@ -295,13 +302,13 @@ mod tests {
     #[test]
     fn ranges_take_days_or_instants_and_stop_now() {
         let now = ms("2026-11-30T13:42:00Z");
-        let r = resolve_hours(None, Some("2026-11-29"), Some("2026-11-29"), now, 14).unwrap();
+        let r = resolve_hours(None, Some(&day(now, -1)), Some(&day(now, -1)), now, 14).unwrap();
         assert_eq!(r.hours.hours(), 24);
         let r = resolve_hours(None, Some("2026-11-30T01:30:00+02:00"), None, now, 14).unwrap();
         assert_eq!(format_hour(r.hours.from_hour), "2026-11-29T23:00:00Z");
         assert_eq!(format_hour(r.hours.to_hour), "2026-11-30T13:00:00Z");
         // Today as `to` ends at the current hour, not at 23:00.
-        let r = resolve_hours(None, Some("2026-11-30"), Some("2026-11-30"), now, 14).unwrap();
+        let r = resolve_hours(None, Some(&day(now, 0)), Some(&day(now, 0)), now, 14).unwrap();
         assert_eq!(r.hours.hours(), 14);
         let r = resolve_hours(Some("last_day"), None, None, now, 14).unwrap();
         assert_eq!(r.hours.hours(), 14);
@@ -317,18 +324,19 @@ mod tests {
     #[test]
     fn bad_or_old_ranges_are_named() {
         let now = ms("2026-11-30T13:42:00Z");
+        let (today, yesterday) = (day(now, 0), day(now, -1));
         let e = |i, f, t| resolve_hours(i, f, t, now, 14).unwrap_err();
         assert!(e(Some("last_decade"), None, None).starts_with("interval"));
-        assert!(e(Some("last_hour"), Some("2026-11-30"), None).starts_with("interval"));
-        assert!(e(None, None, Some("2026-11-30")).starts_with("from"));
+        assert!(e(Some("last_hour"), Some(today.as_str()), None).starts_with("interval"));
+        assert!(e(None, None, Some(today.as_str())).starts_with("from"));
         assert!(e(None, Some("2026-11-30T14:00:00Z"), None).starts_with("from"));
-        assert!(e(None, Some("2026-11-29"), Some("2026-11-30T14:00:00Z")).starts_with("to"));
-        let old = resolve_hours(None, Some("2026-11-15"), None, now, 14).unwrap();
+        assert!(e(None, Some(yesterday.as_str()), Some("2026-11-30T14:00:00Z")).starts_with("to"));
+        let old = resolve_hours(None, Some(&day(now, -15)), None, now, 14).unwrap();
         let why = check_retained(&old, now, 14).unwrap_err();
         assert!(why.contains("--hourly-retention-days"), "{why}");
-        let kept = resolve_hours(None, Some("2026-11-16"), None, now, 14).unwrap();
+        let kept = resolve_hours(None, Some(&day(now, -14)), None, now, 14).unwrap();
         assert!(check_retained(&kept, now, 14).is_ok());
-        let long = resolve_hours(None, Some("2026-10-01"), None, now, 400).unwrap();
+        let long = resolve_hours(None, Some(&day(now, -60)), None, now, 400).unwrap();
         assert!(check_retained(&long, now, 400)
             .unwrap_err()
             .contains("at most 744"));

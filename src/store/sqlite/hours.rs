@@ -20,9 +20,8 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::sql;
-use super::windows::{join, split_sum};
 use crate::domain::{CounterKey, HourRange};
-use crate::store::{HourBucket, HourHistogram, StoreError, TopEntry, TopHoursQuery, TopList};
+use crate::store::{HourBucket, HourHistogram, StoreError, TopHoursQuery, TopList};
 
 /// Created by schema 8.
 pub(super) const SCHEMA: &str = "
@@ -286,68 +285,27 @@ pub(super) fn histogram(
 }
 
 /// The counters of a pair with the highest sums of their hour buckets in
-/// the query's hours (the change log folded first). Hours first, as a
-/// windowed list of day buckets: one sequential read of the hours' rows,
-/// then a lookup per counter; summed again in 32-bit halves when a plain
-/// `sum()` leaves i64.
+/// the query's hours (the change log folded first), summed as a windowed
+/// list sums its day buckets (`queries::top_of_sums`).
 pub(super) fn top(conn: &Connection, q: &TopHoursQuery) -> Result<TopList, StoreError> {
-    let entries = match summed(conn, q, false) {
-        Err(rusqlite::Error::SqliteFailure(_, Some(m))) if m == "integer overflow" => {
-            summed(conn, q, true)
-        }
-        r => r,
-    }
+    let entries = super::queries::top_of_sums(
+        conn,
+        &super::queries::SumOver {
+            table: "hours",
+            column: "hour",
+            from: q.hours.from_hour,
+            to: q.hours.to_hour,
+            entity: &q.entity,
+            action: &q.action,
+            category: q.category.as_deref(),
+            size: q.size,
+        },
+    )
     .map_err(sql("hours::top"))?;
     Ok(TopList {
         entries,
         exact: exact(conn, q.hours, Of::Pair(&q.entity, &q.action))?,
     })
-}
-
-fn summed(conn: &Connection, q: &TopHoursQuery, wide: bool) -> rusqlite::Result<Vec<TopEntry>> {
-    const FILTER: &str = "JOIN counters c ON c.cid = s.cid
-         WHERE c.entity = ?1 AND c.action = ?2 AND (?5 IS NULL OR c.category = ?5)";
-    let sql = if wide {
-        format!(
-            "SELECT c.uuid, s.hi, s.lo, c.category
-             FROM (SELECT cid, {} FROM (
-                       SELECT cid, sum(value >> 32) AS h, sum(value & 4294967295) AS l
-                       FROM hours WHERE hour BETWEEN ?3 AND ?4 GROUP BY cid)) s
-             {FILTER} ORDER BY s.hi DESC, s.lo DESC, c.uuid LIMIT ?6",
-            split_sum("h", "l", "")
-        )
-    } else {
-        format!(
-            "SELECT c.uuid, s.total, c.category
-             FROM (SELECT cid, sum(value) AS total FROM hours
-                   WHERE hour BETWEEN ?3 AND ?4 GROUP BY cid) s
-             {FILTER} ORDER BY s.total DESC, c.uuid LIMIT ?6"
-        )
-    };
-    let mut s = conn.prepare_cached(&sql)?;
-    let rows = s.query_map(
-        params![
-            q.entity,
-            q.action,
-            q.hours.from_hour,
-            q.hours.to_hour,
-            q.category,
-            i64::try_from(q.size).unwrap_or(i64::MAX)
-        ],
-        |r| {
-            let value = if wide {
-                join(r.get(1)?, r.get(2)?)
-            } else {
-                r.get::<_, i64>(1)?.into()
-            };
-            Ok(TopEntry {
-                uuid: r.get(0)?,
-                value,
-                category: r.get(if wide { 3 } else { 2 })?,
-            })
-        },
-    )?;
-    rows.collect()
 }
 
 #[cfg(test)]

@@ -194,10 +194,19 @@ pub(super) fn top(conn: &Connection, q: &TopQuery) -> Result<TopList, StoreError
             rows.collect::<Result<Vec<_>, _>>()
                 .map_err(sql("queries::top"))?
         }
-        Some(w) => match summed_top(conn, q, w, false) {
-            Err(e) if overflowed(&e) => summed_top(conn, q, w, true),
-            r => r,
-        }
+        Some(w) => top_of_sums(
+            conn,
+            &SumOver {
+                table: "buckets",
+                column: "day",
+                from: w.from_day,
+                to: w.to_day,
+                entity: &q.entity,
+                action: &q.action,
+                category: q.category.as_deref(),
+                size: q.size,
+            },
+        )
         .map_err(sql("queries::top"))?,
     };
     Ok(TopList {
@@ -264,52 +273,73 @@ fn overflowed(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(_, Some(m)) if m == "integer overflow")
 }
 
-/// The top list of a window summed from its buckets. Buckets first: one
-/// sequential read of the window's days (clustered by day), then one lookup
-/// per counter. Driving from the counters of the pair instead costs a random
-/// seek into the buckets per counter, ten times slower at 1M.
-///
-/// `exact`: the sums in 32-bit halves, carried into the kept totals' pair
-/// (`hi · 2^62 + lo`, `windows::join`) and ordered the same way, exact past i64. That costs
-/// about a quarter more on every list, so it is asked for only once a plain
-/// `sum()` has failed on a counter whose days leave i64.
+/// What a top list of sums reads: one pair's rows of a bucket table
+/// (`buckets` by `day`, or `hours` by `hour`) over a range of its column.
+pub(super) struct SumOver<'q> {
+    pub table: &'static str,
+    pub column: &'static str,
+    pub from: i64,
+    pub to: i64,
+    pub entity: &'q str,
+    pub action: &'q str,
+    pub category: Option<&'q str>,
+    pub size: usize,
+}
+
+/// The counters with the highest sums of their buckets in the range.
+/// Buckets first: one sequential read of the range's rows (clustered by
+/// day or hour), then one lookup per counter; driving from the counters of
+/// the pair instead costs a random seek into the buckets per counter, ten
+/// times slower at 1M. Summed again in 32-bit halves, carried into the
+/// kept totals' pair (`windows::join`), when a plain `sum()` leaves i64,
+/// so the list stays exact whatever the values.
+pub(super) fn top_of_sums(
+    conn: &Connection,
+    over: &SumOver<'_>,
+) -> rusqlite::Result<Vec<TopEntry>> {
+    match summed_top(conn, over, false) {
+        Err(e) if overflowed(&e) => summed_top(conn, over, true),
+        r => r,
+    }
+}
+
 fn summed_top(
     conn: &Connection,
-    q: &TopQuery,
-    w: Window,
-    exact: bool,
+    over: &SumOver<'_>,
+    wide: bool,
 ) -> rusqlite::Result<Vec<TopEntry>> {
     const FILTER: &str = "JOIN counters c ON c.cid = s.cid
          WHERE c.entity = ?1 AND c.action = ?2 AND (?5 IS NULL OR c.category = ?5)";
-    let sql = if exact {
+    let (table, column) = (over.table, over.column);
+    let sql = if wide {
         format!(
             "SELECT c.uuid, s.hi, s.lo, c.category
              FROM (SELECT cid, {} FROM (
                        SELECT cid, sum(value >> 32) AS h, sum(value & 4294967295) AS l
-                       FROM buckets WHERE day BETWEEN ?3 AND ?4 GROUP BY cid)) s
+                       FROM {table} WHERE {column} BETWEEN ?3 AND ?4 GROUP BY cid)) s
              {FILTER} ORDER BY s.hi DESC, s.lo DESC, c.uuid LIMIT ?6",
             split_sum("h", "l", "")
         )
     } else {
         format!(
             "SELECT c.uuid, s.total, c.category
-             FROM (SELECT cid, sum(value) AS total FROM buckets
-                   WHERE day BETWEEN ?3 AND ?4 GROUP BY cid) s
+             FROM (SELECT cid, sum(value) AS total FROM {table}
+                   WHERE {column} BETWEEN ?3 AND ?4 GROUP BY cid) s
              {FILTER} ORDER BY s.total DESC, c.uuid LIMIT ?6"
         )
     };
     let mut s = conn.prepare_cached(&sql)?;
     let rows = s.query_map(
         params![
-            q.entity,
-            q.action,
-            w.from_day,
-            w.to_day,
-            q.category,
-            limit(q.size)
+            over.entity,
+            over.action,
+            over.from,
+            over.to,
+            over.category,
+            limit(over.size)
         ],
         |r| {
-            let value = if exact {
+            let value = if wide {
                 join(r.get(1)?, r.get(2)?)
             } else {
                 r.get::<_, i64>(1)?.into()
@@ -317,7 +347,7 @@ fn summed_top(
             Ok(TopEntry {
                 uuid: r.get(0)?,
                 value,
-                category: r.get(if exact { 3 } else { 2 })?,
+                category: r.get(if wide { 3 } else { 2 })?,
             })
         },
     )?;
