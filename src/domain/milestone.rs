@@ -180,6 +180,39 @@ pub fn milestones(day: i64, days: &[u32], buckets: &[(i64, i64)], today: i64) ->
         .collect()
 }
 
+/// Each milestone of `days` in local days of `zone` (`tz=`): P is the local
+/// day of the publication `at_ms`, milestone N the sum of the hour buckets
+/// `(hour, value)` over the UTC hours of local days `[P, P + N - 1]`
+/// (`crate::domain::zone`), complete at the zone's midnight after its
+/// last day. The caller has checked those hours (kept, whole-hour offsets).
+pub fn local_milestones(
+    zone: &super::zone::Zone,
+    at_ms: i64,
+    days: &[u32],
+    hours: &[(i64, i64)],
+    now_ms: i64,
+) -> Vec<Milestone> {
+    let day = zone.day_of_ms(at_ms);
+    days.iter()
+        .map(|&n| {
+            let window = milestone_window(day, n);
+            let range = zone.hours_of_days(window);
+            let completes_ms = (range.to_hour + 1).saturating_mul(super::hours::HOUR_MS);
+            Milestone {
+                days: n,
+                window,
+                total: hours
+                    .iter()
+                    .filter(|(h, _)| (range.from_hour..=range.to_hour).contains(h))
+                    .map(|(_, v)| i128::from(*v))
+                    .sum(),
+                complete: now_ms >= completes_ms,
+                completes_ms,
+            }
+        })
+        .collect()
+}
+
 /// Parses a `days` list (`3,30`): integers in `1..=max`, at most
 /// [`MAX_MILESTONES`] of them; answered sorted, without repeats.
 pub fn parse_days(field: &str, raw: &str, max: u32) -> Result<Vec<u32>, String> {

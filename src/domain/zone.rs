@@ -190,6 +190,11 @@ impl Zone {
     }
 }
 
+/// The most hours one local-day answer sums: 400 days, more than any
+/// hourly retention kept in practice, so that one counter's hours stay one
+/// search of at most 10,000 hits on Elasticsearch.
+pub const MAX_LOCAL_HOURS: i64 = 24 * 400;
+
 /// The first hour the hourly retention keeps on the clock's UTC day.
 pub fn first_kept_hour(now_ms: i64, hourly_retention_days: u32) -> i64 {
     (day_of_hour(hour_of_ms(now_ms)) - i64::from(hourly_retention_days)) * 24
@@ -210,6 +215,12 @@ pub fn check_kept(
             format_hour(first),
             zone.name(),
             format_hour(r.from_hour)
+        ));
+    }
+    if r.hours() > MAX_LOCAL_HOURS {
+        return Err(format!(
+            "tz: the range covers {} hours; local days are summed from at most {MAX_LOCAL_HOURS} hour buckets (400 days): narrow it",
+            r.hours()
         ));
     }
     Ok(())
