@@ -11,14 +11,14 @@ use super::access::{AdminWriter, Reader};
 use super::extract::{parse_json, JsonBytes, PathParams, QueryParams};
 use super::model::KeyPath;
 use super::AppState;
-use crate::domain::hours::hour_of_ms;
+use crate::domain::hours::{hour_of_ms, HOUR_MS};
 use crate::domain::milestone::{
     self, parse_days, parse_published, Publication, Published, DEFAULT_MILESTONES,
 };
 use crate::domain::zone::{self, Zone};
 use crate::domain::{day_of, format_day, format_ms, validate_name, CounterKey, HourRange};
 use crate::error::ApiError;
-use crate::store::{FirstDaysQuery, PublishedSet};
+use crate::store::{FirstDaysQuery, LocalFirstDaysQuery, PublishedSet};
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Path)]
@@ -348,6 +348,13 @@ pub(super) struct FirstDaysJson {
     days: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     category: Option<String>,
+    /// With `tz`: the zone whose days are counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tz: Option<&'static str>,
+    /// With `tz`: only targets whose first local day starts at or after
+    /// this instant (the hour buckets kept) are listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    published_since: Option<String>,
     size: usize,
     exact: bool,
     counters: Vec<FirstDaysEntryJson>,
@@ -402,6 +409,75 @@ pub(super) async fn top_first_days(
         action: query.action,
         days,
         category: query.category,
+        tz: None,
+        published_since: None,
+        size: query.size,
+        exact: list.exact,
+    })
+}
+
+/// `interval=first_<N>_days&tz=`: the list in the zone's days, from hour
+/// buckets, of the targets whose first local day the hourly retention
+/// keeps whole (see `LocalFirstDaysQuery`).
+pub(super) async fn top_first_days_local(
+    app: &AppState,
+    entity: String,
+    action: String,
+    days: u32,
+    category: Option<String>,
+    size: usize,
+    z: Zone,
+) -> Result<FirstDaysJson, ApiError> {
+    let now_ms = app.clock.now_ms();
+    let first_hour = zone::first_kept_hour(now_ms, app.time_policy.hourly_retention_days);
+    // Every counter listed has its hours between the retention's first
+    // hour and its last first day's end, N local days after today at most.
+    z.check_whole_hours(HourRange {
+        from_hour: first_hour,
+        to_hour: hour_of_ms(now_ms) + i64::from(days) * 24 + 48,
+    })
+    .map_err(ApiError::BadRequest)?;
+    let query = LocalFirstDaysQuery {
+        entity,
+        action,
+        days,
+        category,
+        size,
+        zone: z,
+        first_hour,
+    };
+    let list = app.store.top_first_days_local(&query).await?;
+    Ok(FirstDaysJson {
+        counters: list
+            .entries
+            .into_iter()
+            .map(|e| {
+                let p =
+                    Publication::resolve(e.published_set.then_some(e.published_ms), e.published_ms);
+                let hours = z.first_days_hours(p.at_ms, days);
+                FirstDaysEntryJson {
+                    id: CounterKey {
+                        entity: query.entity.as_str().into(),
+                        action: query.action.as_str().into(),
+                        uuid: e.uuid.as_str().into(),
+                    }
+                    .doc_id(),
+                    uuid: e.uuid,
+                    value: e.value,
+                    category: e.category,
+                    published: format_ms(p.at_ms),
+                    published_source: p.source.as_str(),
+                    complete: now_ms >= (hours.to_hour + 1).saturating_mul(HOUR_MS),
+                }
+            })
+            .collect(),
+        interval: format!("first_{days}_days"),
+        entity: query.entity,
+        action: query.action,
+        days,
+        category: query.category,
+        tz: Some(z.name()),
+        published_since: Some(format_ms(first_hour.saturating_mul(HOUR_MS))),
         size: query.size,
         exact: list.exact,
     })

@@ -460,7 +460,10 @@ pub struct TopParams {
     /// in every zone, and so are `last_hour` and `last_24_hours` (UTC hour
     /// buckets, whole instants). Refused (400): an unknown zone, one whose
     /// offset over the window is not whole hours, a window reaching before
-    /// `--hourly-retention-days`, and `first_<N>_days` (not yet).
+    /// `--hourly-retention-days`. With `first_<N>_days`: each target's
+    /// first N local days from the local day of its publication, listing
+    /// only targets whose first local day the hour buckets keep (answered
+    /// as `published_since`).
     #[param(inline, value_type = Option<crate::api::openapi::ZoneName>)]
     tz: Option<String>,
 }
@@ -541,13 +544,14 @@ pub async fn top(
                 "interval first_{days}_days cannot be combined with from/to; give one or the other"
             )));
         }
-        if let Some(z) = tz {
-            return Err(ApiError::BadRequest(format!(
-                "tz is not yet supported with first_<N>_days: its days are UTC days from the publication's UTC day; drop tz={}",
-                z.name()
-            )));
-        }
         let (category, size) = (category(p.category)?, size(p.size.as_deref())?);
+        if let Some(z) = tz {
+            let list = super::milestones::top_first_days_local(
+                &app, entity, action, days, category, size, z,
+            )
+            .await?;
+            return Ok(Json(list).into_response());
+        }
         let list =
             super::milestones::top_first_days(&app, entity, action, days, category, size).await?;
         return Ok(Json(list).into_response());

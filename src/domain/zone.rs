@@ -124,6 +124,16 @@ impl Zone {
         }
     }
 
+    /// The UTC hours of the first `days` local days from the local day of
+    /// a publication at `published_ms`: its milestone `days` in this zone.
+    pub fn first_days_hours(&self, published_ms: i64, days: u32) -> HourRange {
+        let from_day = self.day_of_ms(published_ms);
+        self.hours_of_days(Window {
+            from_day,
+            to_day: from_day + i64::from(days) - 1,
+        })
+    }
+
     /// Refuses a range some hour of which does not lie in one local day:
     /// an offset that is not a whole number of hours, or one that changes
     /// inside an hour. The range is bounded by the caller (the hourly
