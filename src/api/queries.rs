@@ -68,9 +68,10 @@ pub fn utc_only(raw: Option<&str>) -> Result<(), ApiError> {
 }
 
 /// The UTC hours of local days `w` (see `domain::zone`), up to the clock's
-/// hour; refused when they reach before the hourly retention or when the
-/// zone's offset over them is not whole hours. `None` when no hour of
-/// them has begun yet.
+/// hour; refused when they reach before the hourly retention, when the
+/// zone's offset over them is not whole hours, or when none of them has
+/// begun (`all` with no local day kept whole: a retention of 0 days in a
+/// zone ahead of UTC).
 pub fn local_hours(app: &AppState, z: &Zone, w: Window) -> Result<HourRange, ApiError> {
     let now_ms = app.clock.now_ms();
     let kept = app.time_policy.hourly_retention_days;
