@@ -172,6 +172,10 @@ pub struct AverageParams {
     from: Option<String>,
     #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     to: Option<String>,
+    /// Refused (400) unless absent or `UTC`: averages keep no hour
+    /// buckets, so their windows are UTC days.
+    #[param(inline, value_type = Option<crate::api::openapi::ZoneName>)]
+    tz: Option<String>,
 }
 
 /// `GET /v1/averages/{entity}/{action}/{uuid}`: sum, quantity and average,
@@ -186,6 +190,7 @@ pub async fn get(
     QueryParams(p): QueryParams<AverageParams>,
 ) -> Result<Json<AverageJson>, ApiError> {
     let key = path.key()?;
+    super::queries::utc_only(p.tz.as_deref())?;
     let resolved = window(
         &app,
         p.interval.as_deref(),

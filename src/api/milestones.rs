@@ -11,12 +11,14 @@ use super::access::{AdminWriter, Reader};
 use super::extract::{parse_json, JsonBytes, PathParams, QueryParams};
 use super::model::KeyPath;
 use super::AppState;
+use crate::domain::hours::{hour_of_ms, HOUR_MS};
 use crate::domain::milestone::{
     self, parse_days, parse_published, Publication, Published, DEFAULT_MILESTONES,
 };
-use crate::domain::{day_of, format_day, format_ms, validate_name, CounterKey};
+use crate::domain::zone::{self, Zone};
+use crate::domain::{day_of, format_day, format_ms, validate_name, CounterKey, HourRange};
 use crate::error::ApiError;
-use crate::store::{FirstDaysQuery, PublishedSet};
+use crate::store::{FirstDaysQuery, LocalFirstDaysQuery, PublishedSet};
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Path)]
@@ -145,13 +147,21 @@ pub struct MilestonesParams {
     /// Milestones in days after publication, comma-separated (`3,30`, the
     /// default), each from 1 to the bucket retention, at most 16.
     days: Option<String>,
+    /// An IANA zone (`Europe/Berlin`): milestones in that zone's days
+    /// (P the local day of the publication, totals summed from hour
+    /// buckets over local days, complete at local midnight). Refused (400):
+    /// an unknown zone, one whose offset over the days is not whole hours,
+    /// a publication day before `--hourly-retention-days`. Absent or
+    /// `UTC`: UTC days, from day buckets.
+    #[param(inline, value_type = Option<crate::api::openapi::ZoneName>)]
+    tz: Option<String>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = Milestone)]
 pub struct MilestoneJson {
     days: u32,
-    /// The first and last UTC day counted.
+    /// The first and last UTC day counted (with `tz`, local days).
     #[schema(schema_with = crate::api::openapi::day)]
     from: String,
     #[schema(schema_with = crate::api::openapi::day)]
@@ -161,7 +171,8 @@ pub struct MilestoneJson {
     total: i128,
     /// Whether the last day is over: the total moves no more.
     complete: bool,
-    /// When it completes (or completed): 00:00 UTC after its last day.
+    /// When it completes (or completed): 00:00 UTC after its last day
+    /// (with `tz`, the zone's midnight, written in UTC).
     #[schema(schema_with = crate::api::openapi::timestamp)]
     completes: String,
 }
@@ -179,6 +190,15 @@ pub struct MilestonesJson {
     /// `set` (by an event or a `PUT`) or `first_touch` (none set).
     #[schema(schema_with = crate::api::openapi::published_source)]
     published_source: &'static str,
+    /// With `tz`: the zone whose days the milestones count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    tz: Option<&'static str>,
+    /// With `tz`: `false` when a day counted moved without an hour to put
+    /// it in (a backfilled day), so its hours do not sum to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    exact: Option<bool>,
     milestones: Vec<MilestoneJson>,
 }
 
@@ -208,10 +228,16 @@ pub async fn get(
 ) -> Result<Json<MilestonesJson>, ApiError> {
     let key = path.key()?;
     let days = days_list(&app, p.days.as_deref())?;
+    let tz = super::queries::zone(p.tz.as_deref())?;
     let not_found = || ApiError::NotFound(format!("counter {key} has never been counted"));
     let counter = app.store.get(&key).await?.ok_or_else(not_found)?;
     let set = app.store.published(&key.entity, &key.uuid).await?;
     let publication = Publication::resolve(set, counter.first_ms);
+    if let Some(z) = tz {
+        return local(&app, key, path, &days, publication, z)
+            .await
+            .map(Json);
+    }
     let day = publication.day();
     let longest = days.iter().copied().max().unwrap_or(1);
     let buckets = app
@@ -228,6 +254,8 @@ pub async fn get(
         uuid: path.uuid,
         published: format_ms(publication.at_ms),
         published_source: publication.source.as_str(),
+        tz: None,
+        exact: None,
         milestones: milestone::milestones(day, &days, &pairs, today)
             .into_iter()
             .map(|m| MilestoneJson {
@@ -240,6 +268,64 @@ pub async fn get(
             })
             .collect(),
     }))
+}
+
+/// `tz`: the milestones in the zone's days, summed from the counter's hour
+/// buckets over the longest one's hours up to the clock's hour.
+async fn local(
+    app: &AppState,
+    key: CounterKey,
+    path: KeyPath,
+    days: &[u32],
+    publication: Publication,
+    z: Zone,
+) -> Result<MilestonesJson, ApiError> {
+    let now_ms = app.clock.now_ms();
+    let longest = days.iter().copied().max().unwrap_or(1);
+    let full = z.hours_of_days(milestone::milestone_window(
+        z.day_of_ms(publication.at_ms),
+        longest,
+    ));
+    zone::check_kept(&z, full, now_ms, app.time_policy.hourly_retention_days)
+        .map_err(ApiError::BadRequest)?;
+    z.check_whole_hours(full).map_err(ApiError::BadRequest)?;
+    let read = HourRange {
+        from_hour: full.from_hour,
+        to_hour: full.to_hour.min(hour_of_ms(now_ms)),
+    };
+    let (pairs, exact) = if read.from_hour > read.to_hour {
+        // Published later this hour or ahead of the clock (within the
+        // allowed skew): nothing counted yet.
+        (Vec::new(), true)
+    } else {
+        let h =
+            app.store.hour_histogram(&key, read).await?.ok_or_else(|| {
+                ApiError::NotFound(format!("counter {key} has never been counted"))
+            })?;
+        let pairs: Vec<(i64, i64)> = h.buckets.iter().map(|b| (b.hour, b.value)).collect();
+        (pairs, h.exact)
+    };
+    Ok(MilestonesJson {
+        id: key.doc_id(),
+        entity: path.entity,
+        action: path.action,
+        uuid: path.uuid,
+        published: format_ms(publication.at_ms),
+        published_source: publication.source.as_str(),
+        tz: Some(z.name()),
+        exact: Some(exact),
+        milestones: milestone::local_milestones(&z, publication.at_ms, days, &pairs, now_ms)
+            .into_iter()
+            .map(|m| MilestoneJson {
+                days: m.days,
+                from: format_day(m.window.from_day),
+                to: format_day(m.window.to_day),
+                total: m.total,
+                complete: m.complete,
+                completes: format_ms(m.completes_ms),
+            })
+            .collect(),
+    })
 }
 
 #[derive(Serialize)]
@@ -262,6 +348,13 @@ pub(super) struct FirstDaysJson {
     days: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     category: Option<String>,
+    /// With `tz`: the zone whose days are counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tz: Option<&'static str>,
+    /// With `tz`: only targets whose first local day starts at or after
+    /// this instant (the hour buckets kept) are listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    published_since: Option<String>,
     size: usize,
     exact: bool,
     counters: Vec<FirstDaysEntryJson>,
@@ -316,6 +409,75 @@ pub(super) async fn top_first_days(
         action: query.action,
         days,
         category: query.category,
+        tz: None,
+        published_since: None,
+        size: query.size,
+        exact: list.exact,
+    })
+}
+
+/// `interval=first_<N>_days&tz=`: the list in the zone's days, from hour
+/// buckets, of the targets whose first local day the hourly retention
+/// keeps whole (see `LocalFirstDaysQuery`).
+pub(super) async fn top_first_days_local(
+    app: &AppState,
+    entity: String,
+    action: String,
+    days: u32,
+    category: Option<String>,
+    size: usize,
+    z: Zone,
+) -> Result<FirstDaysJson, ApiError> {
+    let now_ms = app.clock.now_ms();
+    let first_hour = zone::first_kept_hour(now_ms, app.time_policy.hourly_retention_days);
+    // Every counter listed has its hours between the retention's first
+    // hour and its last first day's end, N local days after today at most.
+    z.check_whole_hours(HourRange {
+        from_hour: first_hour,
+        to_hour: hour_of_ms(now_ms) + i64::from(days) * 24 + 48,
+    })
+    .map_err(ApiError::BadRequest)?;
+    let query = LocalFirstDaysQuery {
+        entity,
+        action,
+        days,
+        category,
+        size,
+        zone: z,
+        first_hour,
+    };
+    let list = app.store.top_first_days_local(&query).await?;
+    Ok(FirstDaysJson {
+        counters: list
+            .entries
+            .into_iter()
+            .map(|e| {
+                let p =
+                    Publication::resolve(e.published_set.then_some(e.published_ms), e.published_ms);
+                let hours = z.first_days_hours(p.at_ms, days);
+                FirstDaysEntryJson {
+                    id: CounterKey {
+                        entity: query.entity.as_str().into(),
+                        action: query.action.as_str().into(),
+                        uuid: e.uuid.as_str().into(),
+                    }
+                    .doc_id(),
+                    uuid: e.uuid,
+                    value: e.value,
+                    category: e.category,
+                    published: format_ms(p.at_ms),
+                    published_source: p.source.as_str(),
+                    complete: now_ms >= (hours.to_hour + 1).saturating_mul(HOUR_MS),
+                }
+            })
+            .collect(),
+        interval: format!("first_{days}_days"),
+        entity: query.entity,
+        action: query.action,
+        days,
+        category: query.category,
+        tz: Some(z.name()),
+        published_since: Some(format_ms(first_hour.saturating_mul(HOUR_MS))),
         size: query.size,
         exact: list.exact,
     })

@@ -198,6 +198,14 @@ pub fn top_interval() -> Object {
         .build()
 }
 
+/// The `tz` parameter: an IANA zone name, `Europe/Berlin`.
+pub fn zone() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .examples(["Europe/Berlin"])
+        .build()
+}
+
 /// Where a publication time came from.
 pub fn published_source() -> Object {
     ObjectBuilder::new()
@@ -266,6 +274,8 @@ param_schema! {
     BucketKind = bucket;
     /// See [`day`].
     Day = day;
+    /// See [`zone`].
+    ZoneName = zone;
     /// See [`size`].
     Size = size;
     /// See [`days`].

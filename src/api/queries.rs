@@ -12,9 +12,10 @@ use super::model::KeyPath;
 use super::AppState;
 use crate::domain::hours::{self, is_hour_interval};
 use crate::domain::rank::{self, Rank};
+use crate::domain::zone::{self, Zone};
 use crate::domain::{
-    format_day, format_hour, resolve_window, validate_name, CounterKey, Resolved, ResolvedHours,
-    Window,
+    format_day, format_hour, resolve_window, validate_name, CounterKey, HourRange, Resolved,
+    ResolvedHours, Window,
 };
 use crate::error::ApiError;
 use crate::store::{TopAveragesQuery, TopHoursQuery, TopQuery, MAX_TOP_SIZE};
@@ -46,6 +47,65 @@ pub fn window(
     to: Option<&str>,
 ) -> Result<Resolved, ApiError> {
     resolve_window(interval, from, to, app.clock.today()).map_err(ApiError::BadRequest)
+}
+
+/// The `tz` parameter: `None` when absent or UTC (answered from day
+/// buckets, as without it), else the zone whose days the answer is in.
+pub fn zone(raw: Option<&str>) -> Result<Option<Zone>, ApiError> {
+    zone::parse_zone(raw).map_err(ApiError::BadRequest)
+}
+
+/// The `tz` of an answer kept in day buckets only (averages): UTC or
+/// nothing, else a 400 saying why.
+pub fn utc_only(raw: Option<&str>) -> Result<(), ApiError> {
+    match zone(raw)? {
+        None => Ok(()),
+        Some(z) => Err(ApiError::BadRequest(format!(
+            "tz {}: averages keep no hour buckets, so their windows are UTC days only; drop tz",
+            z.name()
+        ))),
+    }
+}
+
+/// The UTC hours of local days `w` (see `domain::zone`), up to the clock's
+/// hour; refused when they reach before the hourly retention, when the
+/// zone's offset over them is not whole hours, or when none of them has
+/// begun (`all` with no local day kept whole: a retention of 0 days in a
+/// zone ahead of UTC).
+pub fn local_hours(app: &AppState, z: &Zone, w: Window) -> Result<HourRange, ApiError> {
+    let now_ms = app.clock.now_ms();
+    let kept = app.time_policy.hourly_retention_days;
+    let mut r = z.hours_of_days(w);
+    zone::check_kept(z, r, now_ms, kept).map_err(ApiError::BadRequest)?;
+    z.check_whole_hours(r).map_err(ApiError::BadRequest)?;
+    r.to_hour = r.to_hour.min(hours::hour_of_ms(now_ms));
+    if r.from_hour > r.to_hour {
+        return Err(ApiError::BadRequest(format!(
+            "tz: no whole local day of {} is kept as hour buckets yet (--hourly-retention-days is {kept})",
+            z.name()
+        )));
+    }
+    Ok(r)
+}
+
+/// Local days: `interval`, `from`, `to` in the zone's days; all time
+/// (`all`, or nothing given where a window is the default) is the local
+/// days the hourly retention keeps whole.
+fn local_window(
+    app: &AppState,
+    z: &Zone,
+    interval: Option<&str>,
+    from: Option<&str>,
+    to: Option<&str>,
+) -> Result<Resolved, ApiError> {
+    let now_ms = app.clock.now_ms();
+    let mut r = z
+        .resolve_days(interval, from, to, now_ms)
+        .map_err(ApiError::BadRequest)?;
+    if r.window.is_none() {
+        r.window = Some(z.kept_days(now_ms, app.time_policy.hourly_retention_days));
+    }
+    Ok(r)
 }
 
 /// A positive integer parameter within `1..=max`, or `default` when absent.
@@ -125,14 +185,28 @@ pub struct HistogramParams {
     from: Option<String>,
     #[param(inline, value_type = Option<crate::api::openapi::Day>)]
     to: Option<String>,
+    /// An IANA zone (`Europe/Berlin`): day buckets of that zone's days
+    /// (23 or 25 hours on DST changes), each the sum of its hour buckets;
+    /// `interval` and `from`/`to` are local days, and without them the
+    /// local days the hour buckets keep whole (`all`). Refused (400): an
+    /// unknown zone, one whose offset over the range is not whole hours
+    /// (Asia/Kolkata), a range reaching before `--hourly-retention-days`,
+    /// and `bucket=hour` (hour buckets are UTC hours: give `from`/`to` as
+    /// instants with their offset). Absent or `UTC`: UTC days, from day
+    /// buckets.
+    #[param(inline, value_type = Option<crate::api::openapi::ZoneName>)]
+    tz: Option<String>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = Bucket)]
 pub struct BucketJson {
+    /// The UTC day, or with `tz` the local day.
     #[schema(schema_with = crate::api::openapi::day)]
     day: String,
-    value: i64,
+    /// A local day's sum of hours may leave i64, a UTC day's cannot.
+    #[schema(schema_with = crate::api::openapi::wide_integer)]
+    value: i128,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -147,6 +221,15 @@ pub struct HistogramJson {
     /// Sum of the buckets; `i128` since a sum of `i64` buckets may leave `i64`.
     #[schema(schema_with = crate::api::openapi::wide_integer)]
     total: i128,
+    /// With `tz`: the zone whose days the buckets are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    tz: Option<&'static str>,
+    /// With `tz`: `false` when a day of the range moved without an hour to
+    /// put it in (see the hour histogram's `exact`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    exact: Option<bool>,
     buckets: Vec<BucketJson>,
 }
 
@@ -200,8 +283,14 @@ pub async fn histogram(
     QueryParams(p): QueryParams<HistogramParams>,
 ) -> Result<Json<HistogramAnswer>, ApiError> {
     let key = path.key()?;
+    let tz = zone(p.tz.as_deref())?;
     match p.bucket.as_deref() {
         None | Some("day") => {}
+        Some("hour") if tz.is_some() => {
+            return Err(ApiError::BadRequest(
+                "tz applies to day buckets; hour buckets are UTC hours, the same instants in every zone: drop tz, or give from/to as instants with their offset (2026-03-29T00:00:00+01:00)".into(),
+            ))
+        }
         Some("hour") => return hour_histogram(&app, key, path, p).await.map(Json),
         Some(other) => {
             return Err(ApiError::BadRequest(format!(
@@ -214,6 +303,9 @@ pub async fn histogram(
             "interval {:?} needs hour buckets: add bucket=hour",
             p.interval.as_deref().unwrap_or_default()
         )));
+    }
+    if let Some(z) = tz {
+        return local_histogram(&app, key, path, p, z).await.map(Json);
     }
     let interval = match (&p.interval, &p.from, &p.to) {
         (None, None, None) => Some("last_month"),
@@ -239,14 +331,70 @@ pub async fn histogram(
         uuid: path.uuid,
         window: resolved.into(),
         total: buckets.iter().map(|b| i128::from(b.value)).sum(),
+        tz: None,
+        exact: None,
         buckets: buckets
             .into_iter()
             .map(|b| BucketJson {
                 day: format_day(b.day),
-                value: b.value,
+                value: b.value.into(),
             })
             .collect(),
     })))
+}
+
+/// `tz`: the counter's hour buckets over the local days asked, summed per
+/// local day (a day without any hour bucket has no bucket, as a UTC day
+/// without a day bucket).
+async fn local_histogram(
+    app: &AppState,
+    key: CounterKey,
+    path: KeyPath,
+    p: HistogramParams,
+    z: Zone,
+) -> Result<HistogramAnswer, ApiError> {
+    let resolved = local_window(
+        app,
+        &z,
+        p.interval.as_deref(),
+        p.from.as_deref(),
+        p.to.as_deref(),
+    )?;
+    let w = resolved.window.unwrap_or(Window {
+        from_day: 0,
+        to_day: -1,
+    });
+    let range = local_hours(app, &z, w)?;
+    let h = app
+        .store
+        .hour_histogram(&key, range)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("counter {key} has never been counted")))?;
+    let mut buckets: Vec<(i64, i128)> = Vec::new();
+    for b in h.buckets {
+        let day = z.day_of_hour(b.hour);
+        match buckets.last_mut() {
+            Some((d, v)) if *d == day => *v += i128::from(b.value),
+            _ => buckets.push((day, i128::from(b.value))),
+        }
+    }
+    Ok(HistogramAnswer::Day(HistogramJson {
+        id: key.doc_id(),
+        entity: path.entity,
+        action: path.action,
+        uuid: path.uuid,
+        window: resolved.into(),
+        total: buckets.iter().map(|(_, v)| v).sum(),
+        tz: Some(z.name()),
+        exact: Some(h.exact),
+        buckets: buckets
+            .into_iter()
+            .map(|(day, value)| BucketJson {
+                day: format_day(day),
+                value,
+            })
+            .collect(),
+    }))
 }
 
 /// `bucket=hour`: the range resolved against the clock's hour and kept
@@ -307,6 +455,18 @@ pub struct TopParams {
     category: Option<String>,
     #[param(inline, value_type = Option<crate::api::openapi::Size>)]
     size: Option<String>,
+    /// An IANA zone (`Europe/Berlin`): a window of that zone's days
+    /// (`last_week`: the last 7 local days; `from`/`to`: local dates),
+    /// summed from hour buckets. All time (`all`, the default) is the same
+    /// in every zone, and so are `last_hour` and `last_24_hours` (UTC hour
+    /// buckets, whole instants). Refused (400): an unknown zone, one whose
+    /// offset over the window is not whole hours, a window reaching before
+    /// `--hourly-retention-days`. With `first_<N>_days`: each target's
+    /// first N local days from the local day of its publication, listing
+    /// only targets whose first local day the hour buckets keep (answered
+    /// as `published_since`).
+    #[param(inline, value_type = Option<crate::api::openapi::ZoneName>)]
+    tz: Option<String>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -332,6 +492,10 @@ pub struct TopJson {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     category: Option<String>,
+    /// With `tz`: the zone whose days the window is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    tz: Option<&'static str>,
     size: usize,
     /// Whether the list is exact rather than approximated from partial sums.
     exact: bool,
@@ -370,6 +534,7 @@ pub async fn top(
     QueryParams(p): QueryParams<TopParams>,
 ) -> Result<Response, ApiError> {
     let (entity, action) = path.validated()?;
+    let tz = zone(p.tz.as_deref())?;
     let first_days = p.interval.as_deref().and_then(|i| {
         crate::domain::milestone::parse_first_days(i, app.time_policy.retention_days)
     });
@@ -381,6 +546,13 @@ pub async fn top(
             )));
         }
         let (category, size) = (category(p.category)?, size(p.size.as_deref())?);
+        if let Some(z) = tz {
+            let list = super::milestones::top_first_days_local(
+                &app, entity, action, days, category, size, z,
+            )
+            .await?;
+            return Ok(Json(list).into_response());
+        }
         let list =
             super::milestones::top_first_days(&app, entity, action, days, category, size).await?;
         return Ok(Json(list).into_response());
@@ -410,10 +582,16 @@ pub async fn top(
             action: query.action,
             window: resolved.into(),
             category: query.category,
+            tz: None,
             size: query.size,
             exact: list.exact,
         })
         .into_response());
+    }
+    if let Some(z) = tz {
+        return local_top(&app, entity, action, p, z)
+            .await
+            .map(|t| Json(t).into_response());
     }
     let resolved = window(
         &app,
@@ -435,10 +613,64 @@ pub async fn top(
         action: query.action,
         window: resolved.into(),
         category: query.category,
+        tz: None,
         size: query.size,
         exact: list.exact,
     })
     .into_response())
+}
+
+/// `tz` with a day window: the window's local days as a range of UTC
+/// hours, listed as `last_24_hours` is (`Store::top_hours`). All time is
+/// the all-time list, whatever the zone.
+async fn local_top(
+    app: &AppState,
+    entity: String,
+    action: String,
+    p: TopParams,
+    z: Zone,
+) -> Result<TopJson, ApiError> {
+    let resolved = z
+        .resolve_days(
+            p.interval.as_deref(),
+            p.from.as_deref(),
+            p.to.as_deref(),
+            app.clock.now_ms(),
+        )
+        .map_err(ApiError::BadRequest)?;
+    let (category, size) = (category(p.category)?, size(p.size.as_deref())?);
+    let list = match resolved.window {
+        None => {
+            let query = TopQuery {
+                entity: entity.clone(),
+                action: action.clone(),
+                window: None,
+                category: category.clone(),
+                size,
+            };
+            app.store.top(&query).await?
+        }
+        Some(w) => {
+            let query = TopHoursQuery {
+                entity: entity.clone(),
+                action: action.clone(),
+                hours: local_hours(app, &z, w)?,
+                category: category.clone(),
+                size,
+            };
+            app.store.top_hours(&query).await?
+        }
+    };
+    Ok(TopJson {
+        counters: entries(&entity, &action, list.entries),
+        entity,
+        action,
+        window: resolved.into(),
+        category,
+        tz: Some(z.name()),
+        size,
+        exact: list.exact,
+    })
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -478,6 +710,10 @@ pub struct TopAveragesParams {
     /// (`0 < z <= 10`); default 1.96, a 95 % interval.
     #[param(value_type = Option<f64>, exclusive_minimum = 0, maximum = 10)]
     z: Option<String>,
+    /// Refused (400) unless absent or `UTC`: averages keep no hour
+    /// buckets, so their windows are UTC days.
+    #[param(inline, value_type = Option<crate::api::openapi::ZoneName>)]
+    tz: Option<String>,
 }
 
 /// The values of the `rank` parameter.
@@ -623,6 +859,7 @@ pub async fn top_averages(
     QueryParams(p): QueryParams<TopAveragesParams>,
 ) -> Result<Json<TopAveragesJson>, ApiError> {
     let (entity, action) = path.validated()?;
+    utc_only(p.tz.as_deref())?;
     let resolved = window(
         &app,
         p.interval.as_deref(),

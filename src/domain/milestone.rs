@@ -180,6 +180,39 @@ pub fn milestones(day: i64, days: &[u32], buckets: &[(i64, i64)], today: i64) ->
         .collect()
 }
 
+/// Each milestone of `days` in local days of `zone` (`tz=`): P is the local
+/// day of the publication `at_ms`, milestone N the sum of the hour buckets
+/// `(hour, value)` over the UTC hours of local days `[P, P + N - 1]`
+/// (`crate::domain::zone`), complete at the zone's midnight after its
+/// last day. The caller has checked those hours (kept, whole-hour offsets).
+pub fn local_milestones(
+    zone: &super::zone::Zone,
+    at_ms: i64,
+    days: &[u32],
+    hours: &[(i64, i64)],
+    now_ms: i64,
+) -> Vec<Milestone> {
+    let day = zone.day_of_ms(at_ms);
+    days.iter()
+        .map(|&n| {
+            let window = milestone_window(day, n);
+            let range = zone.hours_of_days(window);
+            let completes_ms = (range.to_hour + 1).saturating_mul(super::hours::HOUR_MS);
+            Milestone {
+                days: n,
+                window,
+                total: hours
+                    .iter()
+                    .filter(|(h, _)| (range.from_hour..=range.to_hour).contains(h))
+                    .map(|(_, v)| i128::from(*v))
+                    .sum(),
+                complete: now_ms >= completes_ms,
+                completes_ms,
+            }
+        })
+        .collect()
+}
+
 /// Parses a `days` list (`3,30`): integers in `1..=max`, at most
 /// [`MAX_MILESTONES`] of them; answered sorted, without repeats.
 pub fn parse_days(field: &str, raw: &str, max: u32) -> Result<Vec<u32>, String> {
@@ -310,5 +343,37 @@ mod tests {
             .starts_with("interval"));
         assert!(parse_first_days("first_0_days", 400).unwrap().is_err());
         assert!(parse_first_days("first_x_days", 400).unwrap().is_err());
+    }
+
+    #[test]
+    fn local_milestones_count_from_the_local_day_and_complete_at_local_midnight() {
+        let berlin = crate::domain::zone::parse_zone(Some("Europe/Berlin"))
+            .unwrap()
+            .unwrap();
+        let ms = |s: &str| s.parse::<DateTime<Utc>>().unwrap().timestamp_millis();
+        let hour = |s: &str| ms(s).div_euclid(super::super::hours::HOUR_MS);
+        // 00:30 CET on 29 March 2026, the 23-hour day: UTC's 28th.
+        let at = ms("2026-03-28T23:30:00Z");
+        let hours = [
+            (hour("2026-03-28T22:00:00Z"), 100), // the 28th in Berlin: before P
+            (hour("2026-03-28T23:00:00Z"), 1),
+            (hour("2026-03-29T21:00:00Z"), 2), // 23:00 CEST, the 29th's last hour
+            (hour("2026-03-29T22:00:00Z"), 4), // the 30th
+        ];
+        let now = ms("2026-03-29T22:00:00Z");
+        let m = local_milestones(&berlin, at, &[1, 2], &hours, now);
+        assert_eq!(
+            m[0].window.from_day,
+            publication_day(ms("2026-03-29T00:00:00Z"))
+        );
+        assert_eq!((m[0].total, m[1].total), (3, 7));
+        assert_eq!(m[0].completes_ms, now);
+        assert!(m[0].complete && !m[1].complete);
+        assert_eq!(m[1].completes_ms, ms("2026-03-30T22:00:00Z"));
+        // In UTC days the same publication is on the 28th.
+        assert_eq!(
+            publication_day(at),
+            publication_day(ms("2026-03-28T00:00:00Z"))
+        );
     }
 }

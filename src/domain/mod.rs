@@ -18,6 +18,7 @@ pub mod rank;
 mod time;
 pub mod trending;
 mod window;
+pub mod zone;
 
 pub use actor::{
     from_hex, to_hex, validate_actor, ActorKey, Mark, Scope, Unique, FINGERPRINT_HEX,

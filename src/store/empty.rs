@@ -168,6 +168,16 @@ impl Store for EmptyStore {
         })
     }
 
+    async fn top_first_days_local(
+        &self,
+        _query: &super::LocalFirstDaysQuery,
+    ) -> Result<super::FirstDaysList, StoreError> {
+        Ok(super::FirstDaysList {
+            entries: Vec::new(),
+            exact: true,
+        })
+    }
+
     async fn countapi_records(
         &self,
         _namespace: &str,

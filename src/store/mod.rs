@@ -250,6 +250,17 @@ pub trait Store: Send + Sync + 'static {
         Err(StoreError::Internal(NO_HOURS.into()))
     }
 
+    /// The counters with the highest totals over their first local days
+    /// from publication, summed from hour buckets; see
+    /// [`LocalFirstDaysQuery`]. A default that refuses, as
+    /// [`Store::hour_histogram`].
+    async fn top_first_days_local(
+        &self,
+        _query: &LocalFirstDaysQuery,
+    ) -> Result<FirstDaysList, StoreError> {
+        Err(StoreError::Internal(NO_HOURS.into()))
+    }
+
     /// Counters untouched since a cut-off, oldest first, one page.
     async fn stale(&self, query: &StaleQuery) -> Result<Vec<Counter>, StoreError>;
 
@@ -482,6 +493,36 @@ pub struct TopHoursQuery {
     pub hours: crate::domain::HourRange,
     pub category: Option<String>,
     pub size: usize,
+}
+
+/// [`FirstDaysQuery`] in a zone's days (`tz=`): each counter's total over
+/// the UTC hours of its first `days` local days from the local day of its
+/// publication (`Zone::first_days_hours`), from hour buckets. Only
+/// counters whose first local day starts at or after `first_hour` (the
+/// hourly retention) are listed: the hours of older ones are gone. Listed
+/// when it has an hour bucket in its hours, even if they sum to 0; order
+/// and ties as [`FirstDaysQuery`]. `exact` as [`HourHistogram`]'s, for the
+/// counters looked at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalFirstDaysQuery {
+    pub entity: String,
+    pub action: String,
+    pub days: u32,
+    pub category: Option<String>,
+    pub size: usize,
+    pub zone: crate::domain::zone::Zone,
+    pub first_hour: i64,
+}
+
+/// Keeps the best `size` entries of a first-days list: value descending,
+/// then uuid ascending (bytewise), the lists' order.
+pub fn keep_best(entries: &mut Vec<FirstDaysEntry>, size: usize) {
+    entries.sort_by(|a, b| {
+        b.value
+            .cmp(&a.value)
+            .then_with(|| a.uuid.as_bytes().cmp(b.uuid.as_bytes()))
+    });
+    entries.truncate(size);
 }
 
 /// One day bucket of a counter's histogram.

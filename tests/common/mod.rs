@@ -691,6 +691,12 @@ macro_rules! store_wrapper {
             ) -> Result<counter_gateway::store::FirstDaysList, counter_gateway::store::StoreError> {
                 self.inner.top_first_days(q).await
             }
+            async fn top_first_days_local(
+                &self,
+                q: &counter_gateway::store::LocalFirstDaysQuery,
+            ) -> Result<counter_gateway::store::FirstDaysList, counter_gateway::store::StoreError> {
+                self.inner.top_first_days_local(q).await
+            }
             async fn published_page(
                 &self,
                 after: Option<(String, String)>,

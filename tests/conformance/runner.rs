@@ -33,6 +33,13 @@
 //!   `{"clock": "to 23:59"}` moves it forwards to the next such UTC time of
 //!   day (or leaves it there), so that a following `+2m` crosses midnight
 //!   whatever hour the gate starts the scenarios at.
+//! - The one absolute clock: a scenario's top-level `"start"` (RFC 3339)
+//!   starts its target's clock at that instant instead of the gate's date,
+//!   for what happens on given dates only (a zone's DST change,
+//!   `local_days.json`). The store opens at that instant, so it never sees
+//!   the clock jump there, and the scenario answers the same whatever the
+//!   real date or the injected one. Relative steps and placeholders then
+//!   count from it as usual.
 //!
 //! Use it from a test file with `#[path = "conformance/runner.rs"] mod runner;`.
 
@@ -109,6 +116,14 @@ where
         let text = std::fs::read_to_string(&file).unwrap();
         let scenario: Value =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}: not JSON: {e}"));
+        let start = match scenario.get("start") {
+            None => start,
+            Some(at) => at
+                .as_str()
+                .and_then(|at| DateTime::parse_from_rfc3339(at).ok())
+                .map(|at| at.with_timezone(&Utc))
+                .unwrap_or_else(|| panic!("{name}: start {at} is not an RFC 3339 instant")),
+        };
         let target = make(ManualClock::new(start)).await;
         ran += 1;
         if let Err(e) = run_scenario(&target.router, &target.clock, &scenario).await {

@@ -83,6 +83,7 @@ mod client;
 pub mod config;
 mod countapi;
 pub mod indices;
+mod local_first_days;
 mod mark_keying;
 mod mark_transfer;
 mod marks;
@@ -379,6 +380,13 @@ impl Store for ElasticsearchStore {
         q: &crate::store::FirstDaysQuery,
     ) -> Result<crate::store::FirstDaysList, StoreError> {
         self.top_first_days_es(q).await
+    }
+
+    async fn top_first_days_local(
+        &self,
+        q: &crate::store::LocalFirstDaysQuery,
+    ) -> Result<crate::store::FirstDaysList, StoreError> {
+        self.top_first_days_local_es(q).await
     }
 
     async fn countapi_records(

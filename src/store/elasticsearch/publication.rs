@@ -237,7 +237,10 @@ impl ElasticsearchStore {
     }
 
     /// The publication times set among `ids` (target ids), by id.
-    async fn published_many(&self, ids: &[String]) -> Result<HashMap<String, i64>, StoreError> {
+    pub(super) async fn published_many(
+        &self,
+        ids: &[String],
+    ) -> Result<HashMap<String, i64>, StoreError> {
         let mut out = HashMap::new();
         if ids.is_empty() {
             return Ok(out);

@@ -206,7 +206,7 @@ pub(super) fn expire(
 }
 
 /// Which counters an exactness check looks at.
-enum Of<'q> {
+pub(super) enum Of<'q> {
     Counter(i64),
     /// Every counter of an entity/action pair.
     Pair(&'q str, &'q str),
@@ -214,7 +214,7 @@ enum Of<'q> {
 
 /// Whether the hours of `range` are exact for the counters of `of`: no day
 /// of it before the first complete day, and no rest.
-fn exact(conn: &Connection, range: HourRange, of: Of<'_>) -> Result<bool, StoreError> {
+pub(super) fn exact(conn: &Connection, range: HourRange, of: Of<'_>) -> Result<bool, StoreError> {
     let days = range.days();
     if days.from_day < from_day(conn)? {
         return Ok(false);

@@ -77,6 +77,7 @@ mod fold;
 mod hooks;
 mod hot;
 mod hours;
+mod local_first_days;
 mod log;
 mod marks;
 mod multiget;
@@ -881,6 +882,17 @@ impl Store for SqliteStore {
             entries,
             exact: true,
         })
+    }
+
+    /// Folded first, as `top_first_days`.
+    async fn top_first_days_local(
+        &self,
+        query: &super::LocalFirstDaysQuery,
+    ) -> Result<super::FirstDaysList, StoreError> {
+        self.fold_now().await?;
+        let query = query.clone();
+        self.with_reader(move |c| local_first_days::top(c, &query))
+            .await
     }
 
     /// Publication times are written by their own transaction, never
