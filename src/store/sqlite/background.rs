@@ -224,6 +224,7 @@ fn turn(e: &mut Entry) -> bool {
         e.busy = 0;
         let mut w = conn;
         e.quiet = work(&e.job, &mut w, &mut e.expired_since_count, &mut hurry);
+        super::connections::checkpoint_if_due(&w.conn);
     }
     drop(writer);
     e.count_ids_if_changed();

@@ -328,6 +328,7 @@ impl super::Writer {
     /// follows committed.
     pub(super) fn fold_after_flush(&mut self) {
         if self.hooks.fold_held() {
+            super::connections::checkpoint_if_due(&self.conn);
             return;
         }
         if let Err(e) = self.windows_after_flush() {
@@ -343,6 +344,7 @@ impl super::Writer {
         if let Err(e) = result {
             tracing::warn!(error = %e, "folding the change log failed (retried later)");
         }
+        super::connections::checkpoint_if_due(&self.conn);
     }
 }
 

@@ -336,7 +336,9 @@ impl SqliteStore {
             let mut w = writer
                 .lock()
                 .map_err(|_| StoreError::Internal("writer lock poisoned".into()))?;
-            f(&mut w)
+            let done = f(&mut w);
+            connections::checkpoint_if_due(&w.conn);
+            done
         })
         .await
         .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?

@@ -395,3 +395,43 @@ fn retention_keeps_the_days_a_lagging_window_still_reads() {
         .unwrap();
     assert_eq!(left, vec![DAY - 400]);
 }
+
+/// The writer checkpoints the write-ahead log itself, after its commits
+/// and outside memory's lock (SQLite's automatic checkpoint, inside a
+/// commit, held that lock and stalled reads): a load many times the
+/// checkpoint's mark leaves a log about that mark's size, every value
+/// read back.
+#[test]
+fn the_writer_checkpoints_the_log_a_load_grows() {
+    let (dir, _clock, store) = relaxed_store_at_day();
+    let writes = store.blocking_writes().unwrap();
+    let per_flush = 4_000;
+    let flushes = 20;
+    for f in 0..flushes {
+        let events = (0..per_flush)
+            .map(|i| inc(&format!("f{f:03}-u{i:05}"), 1))
+            .collect();
+        writes
+            .apply(WriteBatch {
+                requests: vec![events],
+                wanted: Default::default(),
+            })
+            .unwrap();
+        writes.after_apply();
+    }
+    let wal = std::fs::metadata(dir.path().join(format!("{DB_FILE}-wal")))
+        .unwrap()
+        .len();
+    let db = std::fs::metadata(dir.path().join(DB_FILE)).unwrap().len();
+    // The load is several times the mark (1,000 pages of 4 KiB); the log
+    // holds about the mark and a flush, the database the rest.
+    assert!(db > 10 << 20, "database {db} bytes");
+    assert!(wal < 8 << 20, "write-ahead log {wal} bytes");
+    let c = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let (n, sum): (i64, i64) = c
+        .query_row("SELECT count(*), sum(value) FROM counters", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!((n, sum), (per_flush * flushes, per_flush * flushes));
+}

@@ -327,11 +327,16 @@ impl Written {
         if wanted.is_empty() {
             return HashMap::new();
         }
-        self.0
-            .iter()
-            .filter(|t| wanted.contains(&t.key))
-            .map(|t| (t.key.clone(), t.entry.counter(&t.key)))
-            .collect()
+        // Sized once (at most every wanted counter was touched): growing the
+        // map rehashed every key (a profile's hottest hashing).
+        let mut out = HashMap::with_capacity(wanted.len());
+        out.extend(
+            self.0
+                .iter()
+                .filter(|t| wanted.contains(&t.key))
+                .map(|t| (t.key.clone(), t.entry.counter(&t.key))),
+        );
+        out
     }
 
     /// Once committed: memory takes the counters' new state (the caller
