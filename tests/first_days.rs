@@ -445,7 +445,7 @@ async fn windows_straddling_the_retention_read_only_kept_days() {
             inc("a", first + 1, 10, None),
             inc("a", first + 2, 100, None),
             inc("b", first + 1, 50, None),
-            inc("c", first - 0, 7, None),
+            inc("c", first, 7, None),
             inc("c", t, 3, None),
         ],
     )
