@@ -113,7 +113,9 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path, today: i64) -> Result<
     if firstdays::kept(&tx)?.is_empty() {
         // A new database, or one from before schema 9: the default N,
         // their rows built from the buckets (none when new).
-        firstdays::keep(&tx, &firstdays::DEFAULT_KEPT)?;
+        if firstdays::keep(&tx, &firstdays::DEFAULT_KEPT)? && version > 0 {
+            tracing::info!(path = %path.display(), "built the kept first-days totals of an earlier schema");
+        }
     }
     let named = marks::backfill_keys(&tx)?;
     marks::note_keying(&tx)?;
