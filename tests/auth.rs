@@ -62,7 +62,12 @@ fn endpoints() -> Vec<(Class, Method, String, Option<serde_json::Value>)> {
             None,
         ),
         (Class::Read, Method::GET, "/v1/top/VIDEO/VIEW".into(), None),
-        (Class::Read, Method::GET, "/v1/trending/VIDEO/VIEW".into(), None),
+        (
+            Class::Read,
+            Method::GET,
+            "/v1/trending/VIDEO/VIEW".into(),
+            None,
+        ),
         (
             Class::Read,
             Method::GET,

@@ -13,7 +13,11 @@ use serde_json::{json, Value};
 
 /// 12:00 UTC of the test's day.
 fn noon() -> DateTime<Utc> {
-    test_now().date_naive().and_hms_opt(12, 0, 0).unwrap().and_utc()
+    test_now()
+        .date_naive()
+        .and_hms_opt(12, 0, 0)
+        .unwrap()
+        .and_utc()
 }
 
 async fn app_at_noon(options: Options) -> TestApp {
@@ -23,7 +27,13 @@ async fn app_at_noon(options: Options) -> TestApp {
 }
 
 /// Counts `count` on `uuid` at `at`.
-async fn count_at(app: &TestApp, uuid: &str, count: i64, at: DateTime<Utc>, category: Option<&str>) {
+async fn count_at(
+    app: &TestApp,
+    uuid: &str,
+    count: i64,
+    at: DateTime<Utc>,
+    category: Option<&str>,
+) {
     let mut body = json!({"count": count, "timestamp": rfc3339(at)});
     if let Some(c) = category {
         body["category"] = json!(c);
@@ -61,7 +71,10 @@ fn nine(x: f64) -> f64 {
 
 fn assert_scores(list: &Value, want: &[(&str, f64)]) {
     let got = scores(list);
-    let want: Vec<(String, f64)> = want.iter().map(|(u, s)| (u.to_string(), nine(*s))).collect();
+    let want: Vec<(String, f64)> = want
+        .iter()
+        .map(|(u, s)| (u.to_string(), nine(*s)))
+        .collect();
     assert_eq!(got, want, "{list}");
 }
 
@@ -106,7 +119,11 @@ async fn scores_halve_with_each_half_life_and_order_follows_them() {
     let w = |hours: f64| (-hours / 24.0).exp2();
     assert_scores(
         &l,
-        &[("b", 2.0 + 16.0 * w(2.0)), ("a", 4.0 + 8.0 * w(1.0)), ("c", 1.0)],
+        &[
+            ("b", 2.0 + 16.0 * w(2.0)),
+            ("a", 4.0 + 8.0 * w(1.0)),
+            ("c", 1.0),
+        ],
     );
     // An hour later, 12:00-13:00 has just ended (weight still 1) and the
     // older buckets are an hour older: a = 4 + 8/4, b = 2 + 16/8, c = 1/2.
@@ -125,7 +142,10 @@ async fn a_target_busy_now_trends_above_one_busy_long_ago() {
     let top = app.get("/v1/top/VIDEO/VIEW").await;
     assert_eq!(top.json["counters"][0]["uuid"], "old", "{}", top.text);
     let l = trending(&app, "half_life=24h").await;
-    assert_scores(&l, &[("new", 5.0), ("old", 1000.0 * (-239.0f64 / 24.0).exp2())]);
+    assert_scores(
+        &l,
+        &[("new", 5.0), ("old", 1000.0 * (-239.0f64 / 24.0).exp2())],
+    );
     // With a 7-day half-life the old thousand still wins.
     let l = trending(&app, "half_life=7d").await;
     assert_eq!(scores(&l)[0].0, "old", "{l}");
@@ -146,15 +166,34 @@ async fn hours_are_read_inside_the_hourly_retention_and_days_before_it_never_bot
     // at midnight two days ago: 2.5 days before now); 10 at 00:30 two days
     // ago, read from its hour bucket (ends at 01:00: 59 hours before now),
     // not from that day's bucket (which would end 36 hours before now).
-    count_at(&app, "x", 10, today - Duration::days(3) + Duration::hours(12), None).await;
-    count_at(&app, "x", 10, today - Duration::days(2) + Duration::minutes(30), None).await;
+    count_at(
+        &app,
+        "x",
+        10,
+        today - Duration::days(3) + Duration::hours(12),
+        None,
+    )
+    .await;
+    count_at(
+        &app,
+        "x",
+        10,
+        today - Duration::days(2) + Duration::minutes(30),
+        None,
+    )
+    .await;
     let w = |hours: f64| (-hours / 24.0).exp2();
     let l = trending(&app, "half_life=24h").await;
     assert_scores(&l, &[("x", 10.0 * w(60.0) + 10.0 * w(59.0))]);
     assert_eq!(l["exact"], true);
     // The day buckets hold both counts, each once.
     let h = app
-        .get(&counter_path("VIDEO", "VIEW", "x", "/histogram?interval=last_week"))
+        .get(&counter_path(
+            "VIDEO",
+            "VIEW",
+            "x",
+            "/histogram?interval=last_week",
+        ))
         .await;
     assert_eq!(h.json["total"], 20, "{}", h.text);
 
@@ -163,7 +202,12 @@ async fn hours_are_read_inside_the_hourly_retention_and_days_before_it_never_bot
     let r = app
         .send(
             app.http
-                .put(app.url(&counter_path("VIDEO", "VIEW", "y", &format!("/days/{yesterday}"))))
+                .put(app.url(&counter_path(
+                    "VIDEO",
+                    "VIEW",
+                    "y",
+                    &format!("/days/{yesterday}"),
+                )))
                 .json(&json!({"value": 7})),
         )
         .await;

@@ -26,11 +26,11 @@ pub use history::{
 pub use publication::{
     FirstDaysEntry, FirstDaysList, FirstDaysQuery, PublishedSet, TargetPublished,
 };
-pub use trending::{TrendingEntry, TrendingList, TrendingQuery};
 pub use query::{
     Average, AverageEntry, OutOfScaleAt, StaleQuery, TopAverages, TopAveragesQuery, TopEntry,
     TopList, TopQuery, UnusedPair, MAX_TOP_SIZE,
 };
+pub use trending::{TrendingEntry, TrendingList, TrendingQuery};
 
 /// The increments of one flush, grouped by the request that sent them.
 ///
