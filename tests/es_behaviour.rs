@@ -480,7 +480,9 @@ fn matches_clause(index: &str, src: &Map<String, Value>, c: &Value) -> bool {
     if let Some(b) = c.get("bool") {
         let all = |k: &str| b[k].as_array().cloned().unwrap_or_default();
         return all("filter").iter().all(|f| matches_clause(index, src, f))
-            && !all("must_not").iter().any(|f| matches_clause(index, src, f));
+            && !all("must_not")
+                .iter()
+                .any(|f| matches_clause(index, src, f));
     }
     if let Some(p) = c.pointer("/prefix/_index") {
         return index.starts_with(p.as_str().unwrap());
@@ -550,7 +552,12 @@ fn metrics(docs: &[&Map<String, Value>], aggs: &Value) -> Map<String, Value> {
                 .iter()
                 .map(|d| {
                     let start = d["day"].as_i64().unwrap();
-                    let end = start + if start < boundary { 86_400_000 } else { 3_600_000 };
+                    let end = start
+                        + if start < boundary {
+                            86_400_000
+                        } else {
+                            3_600_000
+                        };
                     let age = (now - end).max(0) as f64;
                     d["value"].as_f64().unwrap() * 2f64.powf(-age / hl as f64)
                 })
