@@ -250,3 +250,34 @@ async fn an_empty_pair_trends_nothing() {
     assert_eq!(l["half_life_seconds"], 36 * 3600);
     assert_eq!(l["exact"], true);
 }
+
+#[tokio::test]
+async fn ties_come_out_by_uuid_and_another_pairs_many_counters_are_left_out() {
+    let app = app_at_noon(Options::default()).await;
+    let t = noon();
+    // Four counters of the pair tie at 3; the size cuts among them by uuid.
+    for uuid in ["t4", "t2", "t3", "t1"] {
+        count_at(&app, uuid, 3, t, None).await;
+    }
+    count_at(&app, "top", 5, t, None).await;
+    let l = trending(&app, "half_life=1h&size=3").await;
+    assert_scores(&l, &[("top", 5.0), ("t1", 3.0), ("t2", 3.0)]);
+    // 21,000 counters of another pair score higher: more than the store
+    // looks up one by one before it reads the pair's counters whole.
+    for batch in 0..21 {
+        let events: Vec<Value> = (0..1000)
+            .map(|i| {
+                json!({"entity": "VIDEO", "action": "LIKE", "uuid": format!("l{batch}-{i}"),
+                       "count": 100, "timestamp": rfc3339(t)})
+            })
+            .collect();
+        let r = app.post("/v1/events", json!({ "events": events })).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let l = trending(&app, "half_life=1h&size=3").await;
+    assert_scores(&l, &[("top", 5.0), ("t1", 3.0), ("t2", 3.0)]);
+    let likes = app.get("/v1/trending/VIDEO/LIKE?half_life=1h&size=2").await;
+    assert_eq!(likes.status, 200, "{}", likes.text);
+    assert_eq!(likes.json["counters"][0]["uuid"], "l0-0", "{}", likes.text);
+    assert_eq!(likes.json["counters"][1]["uuid"], "l0-1", "{}", likes.text);
+}
