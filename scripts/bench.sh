@@ -11,6 +11,7 @@
 #   NODE_WARMUP=0 ... # no warm-up load on the node before its rows (default 8s)
 #   BENCH_ONLY=embedded scripts/bench.sh # only the embedded store's table (SPEC §5 ratios)
 #   BENCH_ONLY=milestones MILESTONE_COUNTERS=1000000 scripts/bench.sh # first_N_days lists (issue 24)
+#   BENCH_ONLY=trending TRENDING_COUNTERS=1000000 scripts/bench.sh # trending lists (issue 24)
 #   BENCH_ONLY=hours HOURS_BASE_BIN=<build without hours> scripts/bench.sh # hour buckets' storage (issue 24)
 #   BENCH_ONLY=streams scripts/bench.sh  # only 10,000 idle live streams (CPU and memory)
 #   BENCH_ONLY=windows WINDOWS_COUNTERS=1000000 WINDOWS_RUNS=3 scripts/bench.sh # windowed lists (issue 23)
@@ -46,7 +47,7 @@ BENCH_OUT=${BENCH_OUT:-target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  mkdir -p "$BENCH_OUT" && cp "$work"/wrk-*.txt "$work"/cpu-*.txt "$work"/table.txt "$work"/node-table.txt "$work"/milestones.txt "$work"/windows-*.txt "$BENCH_OUT"/ 2>/dev/null || true
+  mkdir -p "$BENCH_OUT" && cp "$work"/wrk-*.txt "$work"/cpu-*.txt "$work"/table.txt "$work"/node-table.txt "$work"/milestones.txt "$work"/trending.txt "$work"/windows-*.txt "$BENCH_OUT"/ 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -250,6 +251,19 @@ if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = milestones ]; then
   python3 scripts/bench/milestones.py "$base" "${MILESTONE_COUNTERS:-1000000}" "${MILESTONE_RUNS:-5}" "${MILESTONE_DAYS:-3,7,30,14}" \
     | tee "$work/milestones.txt"
   [ "${BENCH_ONLY:-}" = milestones ] && exit 0
+fi
+
+# --- Trending (issue 24): a trending list over TRENDING_COUNTERS counters
+# (default 1,000,000, goal: under 50 ms on the embedded store), each with
+# two hour buckets inside the hourly retention and one day bucket before
+# it; loaded through POST /v1/events into the same gateway, then each list
+# (half-lives 24h, 1h, 7d) timed one request at a time
+# (scripts/bench/trending.py). `BENCH_ONLY=trending` runs only this.
+if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = trending ]; then
+  printf '\ntrending: time-decayed lists (embedded store)\n'
+  python3 scripts/bench/trending.py "$base" "${TRENDING_COUNTERS:-1000000}" "${TRENDING_RUNS:-5}" \
+    | tee "$work/trending.txt"
+  [ "${BENCH_ONLY:-}" = trending ] && exit 0
 fi
 
 # --- Windowed top lists (issue 23): tests/bench_queries.rs loads

@@ -65,6 +65,12 @@ fn endpoints() -> Vec<(Class, Method, String, Option<serde_json::Value>)> {
         (
             Class::Read,
             Method::GET,
+            "/v1/trending/VIDEO/VIEW".into(),
+            None,
+        ),
+        (
+            Class::Read,
+            Method::GET,
             "/v1/top-averages/VIDEO/RATING".into(),
             None,
         ),

@@ -180,6 +180,14 @@ fn top_rows(dom: &str) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// The uuids of the trending list's rows, in order.
+fn trending_rows(dom: &str) -> Vec<String> {
+    tags(part(dom, "trending"), "tr")
+        .into_iter()
+        .filter_map(|a| a.get("data-uuid").cloned())
+        .collect()
+}
+
 fn rows(expected: &[(&str, i64)]) -> Vec<(String, i64)> {
     expected.iter().map(|(u, v)| (u.to_string(), *v)).collect()
 }
@@ -222,6 +230,13 @@ async fn the_dashboard_renders_top_lists_chart_and_reports_in_a_browser() {
         .and_then(|n| n.parse().ok())
         .expect("the page counts its refreshes");
     assert!(refreshes >= 2, "refreshed {refreshes} times in 8 s");
+    // Trending with a day's half-life (the default): b's 5 a day ago and 3
+    // three days ago (about 2.9) pass c's 2 now and a's 1 now (its 10,
+    // twenty days old, weigh a millionth); old and older lie past 20
+    // half-lives.
+    assert_eq!(trending_rows(&dom), ["b", "c", "a"], "{dom}");
+    assert!(part(&dom, "trending-section").contains("half-life 24h"));
+    assert!(part(&dom, "trending").contains("class=\"num score\">2<"));
     let averages: Vec<String> = tags(part(&dom, "averages"), "tr")
         .into_iter()
         .filter_map(|a| a.get("data-uuid").cloned())
@@ -229,6 +244,17 @@ async fn the_dashboard_renders_top_lists_chart_and_reports_in_a_browser() {
     assert_eq!(averages, ["r1", "r2"], "min quantity 2 leaves r3 out");
     assert!(part(&dom, "averages").contains(">5.00<"));
     assert!(!part(&dom, "averages").contains("class=\"num score\">4"));
+
+    // An hour's half-life keeps only what is within 20 hours; a week's
+    // lets a's 10 twenty days ago count (1 + 10·2^(-20/7), about 2.4).
+    let dom = dump_dom(format!("{page}#entity=VIDEO&action=VIEW&half_life=1h")).await;
+    assert_eq!(trending_rows(&dom), ["c", "a"], "{dom}");
+    let dom = dump_dom(format!("{page}#entity=VIDEO&action=VIEW&half_life=7d")).await;
+    assert_eq!(
+        trending_rows(&dom),
+        ["b", "a", "c", "old", "older"],
+        "{dom}"
+    );
 
     // The Bayesian rank: m = min. quantity = 1, C = (5 + 4 + 5) / 3, so r1
     // scores (10 + C) / 3 = 4.889, r3 (5 + C) / 2 = 4.833, r2 (12 + C) / 4.

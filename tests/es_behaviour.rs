@@ -474,6 +474,22 @@ fn cmp_values(a: &Value, b: &Value) -> std::cmp::Ordering {
     }
 }
 
+/// A clause of a `should` (the trending list's): a `bool` of `filter`
+/// and `must_not` clauses, a `prefix` on `_index`, or a plain filter.
+fn matches_clause(index: &str, src: &Map<String, Value>, c: &Value) -> bool {
+    if let Some(b) = c.get("bool") {
+        let all = |k: &str| b[k].as_array().cloned().unwrap_or_default();
+        return all("filter").iter().all(|f| matches_clause(index, src, f))
+            && !all("must_not")
+                .iter()
+                .any(|f| matches_clause(index, src, f));
+    }
+    if let Some(p) = c.pointer("/prefix/_index") {
+        return index.starts_with(p.as_str().unwrap());
+    }
+    matches_filter(src, c)
+}
+
 fn matches_filter(src: &Map<String, Value>, f: &Value) -> bool {
     if let Some(t) = f.get("term").and_then(Value::as_object) {
         let (k, v) = t.iter().next().unwrap();
@@ -518,6 +534,37 @@ fn metrics(docs: &[&Map<String, Value>], aggs: &Value) -> Map<String, Value> {
         let (kind, def) = spec.as_object().unwrap().iter().next().unwrap();
         // A field, or one of the unused report's two inline scripts (the
         // 32-bit halves of `value`), which the fake knows by their shape.
+        // The trending score's script (`store/elasticsearch/trending.rs`):
+        // each bucket's count weighed by its end, as the Painless does.
+        if def
+            .pointer("/script/source")
+            .and_then(Value::as_str)
+            .is_some_and(|s| s.contains("params.half_life"))
+        {
+            assert_eq!(kind, "sum");
+            let p = &def["script"]["params"];
+            let (now, hl, boundary) = (
+                p["now"].as_i64().unwrap(),
+                p["half_life"].as_i64().unwrap(),
+                p["boundary"].as_i64().unwrap(),
+            );
+            let total: f64 = docs
+                .iter()
+                .map(|d| {
+                    let start = d["day"].as_i64().unwrap();
+                    let end = start
+                        + if start < boundary {
+                            86_400_000
+                        } else {
+                            3_600_000
+                        };
+                    let age = (now - end).max(0) as f64;
+                    d["value"].as_f64().unwrap() * 2f64.powf(-age / hl as f64)
+                })
+                .sum();
+            out.insert(name.clone(), json!({"value": total}));
+            continue;
+        }
         let f = match (def.get("field"), def.pointer("/script/source")) {
             (Some(f), _) => f.as_str().unwrap(),
             (None, Some(s)) if s.as_str().unwrap().contains(">> 32") => "value_hi",
@@ -656,10 +703,19 @@ fn search(docs: &HashMap<(String, String), Map<String, Value>>, target: &str, q:
         .as_array()
         .cloned()
         .unwrap_or_default();
+    let should = q["query"]["bool"]["should"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !should.is_empty() {
+        assert_eq!(q["query"]["bool"]["minimum_should_match"], json!(1));
+    }
     let mut hits: Vec<(&String, &String, &Map<String, Value>)> = docs
         .iter()
         .filter(|((i, _), s)| {
-            index_matches(target, i) && filters.iter().all(|f| matches_filter(s, f))
+            index_matches(target, i)
+                && filters.iter().all(|f| matches_filter(s, f))
+                && (should.is_empty() || should.iter().any(|c| matches_clause(i, s, c)))
         })
         .map(|((i, id), s)| (i, id, s))
         .collect();

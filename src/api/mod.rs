@@ -25,6 +25,7 @@ mod pixel;
 mod queries;
 mod reports;
 pub mod stream;
+mod trending;
 mod values;
 
 use std::sync::Arc;
@@ -114,6 +115,7 @@ pub(crate) fn table() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(queries::top))
         .routes(routes!(milestones::get))
         .routes(routes!(milestones::put_target, milestones::get_target))
+        .routes(routes!(trending::get))
         .routes(routes!(queries::top_averages))
         .routes(routes!(averages::get, averages::post))
         .routes(routes!(reports::stale))

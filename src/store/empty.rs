@@ -76,6 +76,16 @@ impl Store for EmptyStore {
         })
     }
 
+    async fn trending(
+        &self,
+        _query: &crate::store::TrendingQuery,
+    ) -> Result<crate::store::TrendingList, StoreError> {
+        Ok(crate::store::TrendingList {
+            entries: Vec::new(),
+            exact: true,
+        })
+    }
+
     async fn top(&self, _query: &TopQuery) -> Result<TopList, StoreError> {
         Ok(TopList {
             entries: Vec::new(),

@@ -12,6 +12,7 @@ pub mod publication;
 pub mod query;
 pub mod ranked;
 pub mod sqlite;
+pub mod trending;
 
 use std::collections::{HashMap, HashSet};
 
@@ -29,6 +30,7 @@ pub use query::{
     Average, AverageEntry, OutOfScaleAt, StaleQuery, TopAverages, TopAveragesQuery, TopEntry,
     TopList, TopQuery, UnusedPair, MAX_TOP_SIZE,
 };
+pub use trending::{TrendingEntry, TrendingList, TrendingQuery};
 
 /// The increments of one flush, grouped by the request that sent them.
 ///
@@ -258,6 +260,12 @@ pub trait Store: Send + Sync + 'static {
         &self,
         _query: &LocalFirstDaysQuery,
     ) -> Result<FirstDaysList, StoreError> {
+        Err(StoreError::Internal(NO_HOURS.into()))
+    }
+
+    /// The counters of a pair by their time-decayed score; see
+    /// [`TrendingQuery`]. A default that refuses, as [`Store::top_hours`].
+    async fn trending(&self, _query: &TrendingQuery) -> Result<TrendingList, StoreError> {
         Err(StoreError::Internal(NO_HOURS.into()))
     }
 

@@ -580,6 +580,12 @@ macro_rules! store_wrapper {
             ) -> Result<counter_gateway::store::TopList, counter_gateway::store::StoreError> {
                 self.inner.top_hours(q).await
             }
+            async fn trending(
+                &self,
+                q: &counter_gateway::store::TrendingQuery,
+            ) -> Result<counter_gateway::store::TrendingList, counter_gateway::store::StoreError> {
+                self.inner.trending(q).await
+            }
             async fn stale(
                 &self,
                 q: &counter_gateway::store::StaleQuery,

@@ -25,7 +25,7 @@
   const state = {
     tenant: "", entity: "", action: "", interval: "all", from: "", to: "",
     category: "", uuid: "", avg_action: "", min_quantity: "1", rank: "", days: "30",
-    size: "20", refresh: "5",
+    size: "20", refresh: "5", half_life: "24h",
   };
   // Cursors of the stale pages seen so far: staleCursors[n] starts page n.
   let staleCursors = [null];
@@ -88,6 +88,7 @@
     $("avg-action").value = state.avg_action;
     $("min-quantity").value = state.min_quantity;
     $("avg-rank").checked = state.rank === "bayesian";
+    $("half-life").value = state.half_life;
     $("days").value = state.days;
     $("page-size").value = state.size;
     showRange();
@@ -120,6 +121,7 @@
     state.avg_action = $("avg-action").value.trim();
     state.min_quantity = $("min-quantity").value || "1";
     state.rank = $("avg-rank").checked ? "bayesian" : "";
+    state.half_life = $("half-life").value || "24h";
     state.days = $("days").value || "30";
     state.size = $("page-size").value || "20";
     if (before !== state.entity + "\u0000" + state.action + "\u0000" + state.tenant) state.uuid = "";
@@ -232,6 +234,21 @@
         writeFragment();
         refresh();
       });
+      return tr;
+    });
+  }
+
+  // The trending list: scores in 4 significant digits (the API gives 9).
+  function renderTrending(trending) {
+    $("trending-note").textContent = "half-life " + trending.half_life + (trending.exact ? "" : ", not exact");
+    fillTable("trending", trending.counters, 4, (c, i) => {
+      const tr = document.createElement("tr");
+      tr.dataset.uuid = c.uuid;
+      tr.dataset.score = String(c.score);
+      cell(tr, i + 1);
+      cell(tr, c.uuid, "uuid");
+      cell(tr, c.category || "", "category");
+      cell(tr, Number(c.score.toPrecision(4)).toString(), "num score");
       return tr;
     });
   }
@@ -423,6 +440,7 @@
     };
     if (chosen) {
       jobs.top = api("/v1/top/" + pair(), { ...windowParams(false), category: state.category, size: TOP_SIZE });
+      jobs.trending = api("/v1/trending/" + pair(), { half_life: state.half_life, category: state.category, size: 10 });
       jobs.averages = api("/v1/top-averages/" + enc(state.entity) + "/" + enc(state.avg_action || state.action), {
         ...windowParams(false), category: state.category, min_quantity: state.min_quantity, size: 10,
         rank: state.rank === "bayesian" ? "bayesian" : "",
@@ -440,6 +458,7 @@
     if (got.unused) renderUnused(got.unused);
     if (got.stale) renderStale(got.stale);
     if (got.averages) renderAverages(got.averages);
+    if (got.trending) renderTrending(got.trending);
     if (got.top) renderTop(got.top);
     follow(failure ? null : got.top);
     let chartNote = chosen ? "no counter in this list" : "choose an entity and an action";
@@ -470,7 +489,7 @@
   }
 
   function clearTables() {
-    for (const id of ["top", "averages", "stale", "unused"]) $(id).tBodies[0].replaceChildren();
+    for (const id of ["top", "trending", "averages", "stale", "unused"]) $(id).tBodies[0].replaceChildren();
     $("chart").replaceChildren();
   }
 
@@ -546,6 +565,11 @@
         refresh();
       });
     }
+    $("half-life").addEventListener("change", () => {
+      readInputs();
+      writeFragment();
+      refresh();
+    });
     $("avg-rank").addEventListener("change", () => {
       readInputs();
       writeFragment();

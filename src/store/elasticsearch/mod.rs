@@ -98,6 +98,7 @@ mod set_value;
 mod setup;
 pub mod templates;
 mod transfer;
+mod trending;
 mod writes;
 
 use std::sync::Arc;
@@ -268,6 +269,13 @@ impl Store for ElasticsearchStore {
 
     async fn top_hours(&self, q: &crate::store::TopHoursQuery) -> Result<TopList, StoreError> {
         self.read_top_hours(q).await
+    }
+
+    async fn trending(
+        &self,
+        q: &crate::store::TrendingQuery,
+    ) -> Result<crate::store::TrendingList, StoreError> {
+        self.read_trending(q).await
     }
 
     async fn histogram(

@@ -530,7 +530,7 @@ impl ElasticsearchStore {
 
     /// The uuids of one category of a pair, read from `index` (counters or
     /// averages), or the bucket-category fallback past [`query::MAX_HITS`].
-    async fn category_filter(
+    pub(super) async fn category_filter(
         &self,
         index: &str,
         entity: &str,

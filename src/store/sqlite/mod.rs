@@ -86,6 +86,7 @@ mod publication;
 mod queries;
 mod schema;
 mod transfer;
+mod trending;
 mod windows;
 mod write;
 
@@ -629,6 +630,17 @@ impl Store for SqliteStore {
         self.fold_now().await?;
         let query = query.clone();
         self.with_reader(move |c| hours::top(c, &query)).await
+    }
+
+    /// Folded first, as a `last_24_hours` list: the hour and day rows
+    /// then hold every acknowledged increment.
+    async fn trending(
+        &self,
+        query: &super::TrendingQuery,
+    ) -> Result<super::TrendingList, StoreError> {
+        self.fold_now().await?;
+        let query = query.clone();
+        self.with_reader(move |c| trending::top(c, &query)).await
     }
 
     async fn stale(&self, query: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
