@@ -258,38 +258,54 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
 /// Pages in the write-ahead log past which the writer checkpoints: SQLite's
 /// own automatic checkpoint's mark.
 const CHECKPOINT_PAGES: c_int = 1000;
-/// Past this many, a commit checkpoints inside itself, as SQLite's
-/// automatic checkpoint does: only if a writer's work never reached
-/// [`checkpoint_if_due`], which would otherwise let the log grow for good.
+/// Past this many, a commit checkpoints even under memory's lock: only
+/// if a writer's work never reached [`checkpoint_if_due`] nor made a
+/// commit without memory's lock, which would otherwise let the log grow
+/// for good.
 const CHECKPOINT_BACKSTOP_PAGES: c_int = 16 * CHECKPOINT_PAGES;
 
 thread_local! {
     /// The write-ahead log's pages after the last commit made on this
     /// thread, as SQLite's WAL hook reports them.
     static WAL_PAGES: Cell<c_int> = const { Cell::new(0) };
+    /// Whether this thread holds a store's memory (`hot::Shared::lock`).
+    static MEMORY_HELD: Cell<u32> = const { Cell::new(0) };
+}
+
+/// This thread took a store's memory.
+pub(super) fn memory_taken() {
+    MEMORY_HELD.set(MEMORY_HELD.get() + 1);
+}
+
+/// This thread let go of a store's memory.
+pub(super) fn memory_released() {
+    MEMORY_HELD.set(MEMORY_HELD.get().saturating_sub(1));
 }
 
 /// SQLite's WAL hook, called inside each commit of the writer, on the
-/// committing thread.
+/// committing thread: checkpoints as SQLite's automatic checkpoint does
+/// (at [`CHECKPOINT_PAGES`]), but not inside a commit made under memory's
+/// lock.
 ///
-/// SQLite's automatic checkpoint runs inside the commit that reaches
-/// [`CHECKPOINT_PAGES`]. Most of the writer's commits (a flush, a fold
-/// chunk, a backfill) hold memory's lock across the commit, so memory's
-/// state and the rows change together; a checkpoint there (copying the log
-/// into the database and two fsyncs, tens of milliseconds in a bulk load)
-/// held that lock too, and every read that answers from memory (a get, a
-/// windowed list) waited for it. Measured as list latency spikes of up to
-/// 148 ms while the background wrote a bulk load back. The hook only notes
-/// the log's size; the writer checkpoints once memory's lock is released.
+/// Most of the writer's commits (a flush, a fold chunk, a backfill) hold
+/// memory's lock across the commit, so memory's state and the rows change
+/// together. SQLite's automatic checkpoint ran inside whichever commit
+/// reached the mark; under memory's lock, copying the log into the
+/// database and its two fsyncs (tens of milliseconds in a bulk load)
+/// held every read that answers from memory (a get, a windowed list)
+/// waiting. There the hook only notes the log's size, and the writer
+/// checkpoints once it let go of memory ([`checkpoint_if_due`]), or the
+/// next commit made without memory's lock does.
 fn note_wal_pages(wal: &Wal, pages: c_int) -> rusqlite::Result<()> {
-    if pages >= CHECKPOINT_BACKSTOP_PAGES {
+    WAL_PAGES.set(pages);
+    let due =
+        pages >= CHECKPOINT_BACKSTOP_PAGES || (pages >= CHECKPOINT_PAGES && MEMORY_HELD.get() == 0);
+    if due {
         // An error returned here would fail a commit that happened: log it.
         if let Err(e) = wal.checkpoint_v2(CheckpointMode::PASSIVE) {
             tracing::warn!(error = %e, "checkpointing the write-ahead log failed (retried)");
         }
         WAL_PAGES.set(0);
-    } else {
-        WAL_PAGES.set(pages);
     }
     Ok(())
 }

@@ -253,13 +253,39 @@ impl Shared {
     /// Locked. A poisoned lock (a panic while held) still holds a
     /// consistent map: each change to it completes or leaves it as it was
     /// but for an entry's own fields, which are each a whole state.
-    pub fn lock(&self) -> MutexGuard<'_, Hot> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn lock(&self) -> Locked<'_> {
+        let guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        super::connections::memory_taken();
+        Locked(guard)
     }
 
     /// Counters with deltas not folded yet.
     pub fn pending(&self) -> usize {
         self.lock().pending()
+    }
+}
+
+/// Memory, locked. While a thread holds it, a commit on that thread does
+/// not checkpoint the write-ahead log (see `connections::note_wal_pages`):
+/// readers of memory would wait for the checkpoint too.
+pub(super) struct Locked<'a>(MutexGuard<'a, Hot>);
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Hot;
+    fn deref(&self) -> &Hot {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Hot {
+        &mut self.0
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        super::connections::memory_released();
     }
 }
 
