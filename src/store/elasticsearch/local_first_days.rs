@@ -26,14 +26,6 @@ use crate::store::{keep_best, FirstDaysEntry, FirstDaysList, LocalFirstDaysQuery
 /// Counters per page of the walk (and ids per `_mget` and hour search), as
 /// the UTC list's.
 const COUNTER_PAGE: usize = 5000;
-/// Hour documents per search page.
-const HOUR_PAGE: usize = 10_000;
-
-fn int(v: Option<&Value>) -> Option<i64> {
-    let v = v?;
-    v.as_i64()
-        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
-}
 
 /// A counter of the walk: its row, its hours, whether a backfill set a
 /// day of them.
@@ -116,7 +108,10 @@ impl ElasticsearchStore {
                 );
             }
             let mut seen: HashMap<String, i128> = HashMap::new();
-            self.sum_local_hours(&rows, &mut seen).await?;
+            let pattern = self.config.names.hours_pattern();
+            let hours = |c: &Candidate| (c.hours.from_hour, c.hours.to_hour);
+            self.sum_in_windows(&pattern, HOUR_MS, &rows, hours, &mut seen)
+                .await?;
             for (id, sum) in seen {
                 if let Some(mut c) = rows.remove(&id) {
                     c.entry.value = sum;
@@ -140,65 +135,5 @@ impl ElasticsearchStore {
             entries: best,
             exact,
         })
-    }
-
-    /// Sums the hour documents of `rows` (counter id -> hours) inside each
-    /// counter's own hours into `sums`; a counter with no hour there gets
-    /// no entry.
-    async fn sum_local_hours(
-        &self,
-        rows: &HashMap<String, Candidate>,
-        sums: &mut HashMap<String, i128>,
-    ) -> Result<(), StoreError> {
-        let (Some(from), Some(to)) = (
-            rows.values().map(|r| r.hours.from_hour).min(),
-            rows.values().map(|r| r.hours.to_hour).max(),
-        ) else {
-            return Ok(());
-        };
-        let ids: Vec<&String> = rows.keys().collect();
-        let path = format!("/{}/_search", self.config.names.hours_pattern());
-        let mut after: Option<Value> = None;
-        loop {
-            let mut body = json!({
-                "size": HOUR_PAGE,
-                "track_total_hits": false,
-                "query": {"bool": {"filter": [
-                    {"terms": {"counter_id": ids}},
-                    {"range": {"day": {"gte": from * HOUR_MS, "lte": to * HOUR_MS}}}
-                ]}},
-                "sort": [{"counter_id": "asc"}, {"day": "asc"}],
-                "_source": {"includes": ["value"]},
-            });
-            if let Some(a) = after.take() {
-                body["search_after"] = a;
-            }
-            let answer = self.search(&path, &[], &body).await?;
-            let page = hits(&answer)?;
-            for h in page {
-                let sort = h.get("sort").and_then(Value::as_array);
-                let id = sort.and_then(|s| s.first()).and_then(Value::as_str);
-                let ms = sort.and_then(|s| s.get(1)).and_then(Value::as_i64);
-                let (Some(id), Some(ms)) = (id, ms) else {
-                    return Err(StoreError::Internal(
-                        "an hour hit lacks its sort values".into(),
-                    ));
-                };
-                let hour = ms.div_euclid(HOUR_MS);
-                if let Some(c) = rows.get(id) {
-                    if (c.hours.from_hour..=c.hours.to_hour).contains(&hour) {
-                        let v = int(h.pointer("/_source/value")).unwrap_or(0);
-                        *sums.entry(id.to_string()).or_default() += i128::from(v);
-                    }
-                }
-            }
-            if page.len() < HOUR_PAGE {
-                return Ok(());
-            }
-            after = page.last().and_then(|h| h.get("sort")).cloned();
-            if after.is_none() {
-                return Ok(());
-            }
-        }
     }
 }

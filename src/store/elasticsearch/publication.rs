@@ -348,7 +348,9 @@ impl ElasticsearchStore {
                 );
             }
             let mut seen: HashMap<String, i128> = HashMap::new();
-            self.sum_first_days(&rows, &mut seen).await?;
+            let pattern = self.config.names.buckets_pattern();
+            self.sum_in_windows(&pattern, 86_400_000, &rows, |r| (r.1, r.2), &mut seen)
+                .await?;
             for (id, sum) in seen {
                 if let Some((mut e, _, _)) = rows.remove(&id) {
                     e.value = sum;
@@ -373,22 +375,27 @@ impl ElasticsearchStore {
         })
     }
 
-    /// Sums the bucket documents of `rows` (counter id -> window) inside
-    /// each counter's own window into `sums`; a counter with no bucket
-    /// there gets no entry.
-    async fn sum_first_days(
+    /// Sums the documents of `pattern` (day or hour buckets, `unit_ms`
+    /// long) of each counter of `rows` (counter id -> row) that lie inside
+    /// that counter's own window (`window` of its row: first and last
+    /// bucket, in units) into `sums`; a counter with none there gets no
+    /// entry. One search for all of them, paged by `search_after`.
+    pub(super) async fn sum_in_windows<T>(
         &self,
-        rows: &HashMap<String, (FirstDaysEntry, i64, i64)>,
+        pattern: &str,
+        unit_ms: i64,
+        rows: &HashMap<String, T>,
+        window: impl Fn(&T) -> (i64, i64),
         sums: &mut HashMap<String, i128>,
     ) -> Result<(), StoreError> {
         let (Some(from), Some(to)) = (
-            rows.values().map(|r| r.1).min(),
-            rows.values().map(|r| r.2).max(),
+            rows.values().map(|r| window(r).0).min(),
+            rows.values().map(|r| window(r).1).max(),
         ) else {
             return Ok(());
         };
         let ids: Vec<&String> = rows.keys().collect();
-        let path = format!("/{}/_search", self.config.names.buckets_pattern());
+        let path = format!("/{pattern}/_search");
         let mut after: Option<Value> = None;
         loop {
             let mut body = json!({
@@ -396,7 +403,7 @@ impl ElasticsearchStore {
                 "track_total_hits": false,
                 "query": {"bool": {"filter": [
                     {"terms": {"counter_id": ids}},
-                    {"range": {"day": {"gte": from * 86_400_000, "lte": to * 86_400_000}}}
+                    {"range": {"day": {"gte": from * unit_ms, "lte": to * unit_ms}}}
                 ]}},
                 "sort": [{"counter_id": "asc"}, {"day": "asc"}],
                 "_source": {"includes": ["value"]},
@@ -415,9 +422,10 @@ impl ElasticsearchStore {
                         "a bucket hit lacks its sort values".into(),
                     ));
                 };
-                let day = ms.div_euclid(86_400_000);
-                if let Some((_, from, to)) = rows.get(id) {
-                    if (*from..=*to).contains(&day) {
+                let unit = ms.div_euclid(unit_ms);
+                if let Some(row) = rows.get(id) {
+                    let (first, last) = window(row);
+                    if (first..=last).contains(&unit) {
                         let v = int(h.pointer("/_source/value")).unwrap_or(0);
                         *sums.entry(id.to_string()).or_default() += i128::from(v);
                     }
