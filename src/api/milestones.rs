@@ -386,22 +386,9 @@ pub(super) async fn top_first_days(
             .entries
             .into_iter()
             .map(|e| {
-                let p =
-                    Publication::resolve(e.published_set.then_some(e.published_ms), e.published_ms);
-                FirstDaysEntryJson {
-                    id: CounterKey {
-                        entity: query.entity.as_str().into(),
-                        action: query.action.as_str().into(),
-                        uuid: e.uuid.as_str().into(),
-                    }
-                    .doc_id(),
-                    uuid: e.uuid,
-                    value: e.value,
-                    category: e.category,
-                    published: format_ms(p.at_ms),
-                    published_source: p.source.as_str(),
-                    complete: milestone::complete(p.day(), days, today),
-                }
+                entry_json(&query.entity, &query.action, e, |p| {
+                    milestone::complete(p.day(), days, today)
+                })
             })
             .collect(),
         interval: format!("first_{days}_days"),
@@ -414,6 +401,32 @@ pub(super) async fn top_first_days(
         size: query.size,
         exact: list.exact,
     })
+}
+
+/// One entry of a `first_<N>_days` list: its publication as the rules
+/// resolve it, and whether its milestone is complete (`complete`, in UTC
+/// or in a zone's days).
+fn entry_json(
+    entity: &str,
+    action: &str,
+    e: crate::store::FirstDaysEntry,
+    complete: impl Fn(&Publication) -> bool,
+) -> FirstDaysEntryJson {
+    let p = Publication::resolve(e.published_set.then_some(e.published_ms), e.published_ms);
+    FirstDaysEntryJson {
+        id: CounterKey {
+            entity: entity.into(),
+            action: action.into(),
+            uuid: e.uuid.as_str().into(),
+        }
+        .doc_id(),
+        complete: complete(&p),
+        uuid: e.uuid,
+        value: e.value,
+        category: e.category,
+        published: format_ms(p.at_ms),
+        published_source: p.source.as_str(),
+    }
 }
 
 /// `interval=first_<N>_days&tz=`: the list in the zone's days, from hour
@@ -452,23 +465,10 @@ pub(super) async fn top_first_days_local(
             .entries
             .into_iter()
             .map(|e| {
-                let p =
-                    Publication::resolve(e.published_set.then_some(e.published_ms), e.published_ms);
-                let hours = z.first_days_hours(p.at_ms, days);
-                FirstDaysEntryJson {
-                    id: CounterKey {
-                        entity: query.entity.as_str().into(),
-                        action: query.action.as_str().into(),
-                        uuid: e.uuid.as_str().into(),
-                    }
-                    .doc_id(),
-                    uuid: e.uuid,
-                    value: e.value,
-                    category: e.category,
-                    published: format_ms(p.at_ms),
-                    published_source: p.source.as_str(),
-                    complete: now_ms >= (hours.to_hour + 1).saturating_mul(HOUR_MS),
-                }
+                entry_json(&query.entity, &query.action, e, |p| {
+                    let hours = z.first_days_hours(p.at_ms, days);
+                    now_ms >= (hours.to_hour + 1).saturating_mul(HOUR_MS)
+                })
             })
             .collect(),
         interval: format!("first_{days}_days"),
