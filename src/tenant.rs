@@ -146,35 +146,12 @@ pub fn embedded_hourly(
     hourly_retention_days: u32,
     clock: Clock,
 ) -> Arc<dyn TenantStores> {
-    embedded_kept(
-        data_dir,
-        durability,
-        id_window,
-        retention_days,
-        hourly_retention_days,
-        crate::domain::milestone::DEFAULT_KEPT_DAYS.to_vec(),
-        clock,
-    )
-}
-
-/// [`embedded_hourly`] with the `first_<N>_days` lists whose totals each
-/// tenant keeps (`--milestone-days`).
-pub fn embedded_kept(
-    data_dir: &Path,
-    durability: Durability,
-    id_window: Duration,
-    retention_days: u32,
-    hourly_retention_days: u32,
-    milestone_days: Vec<u32>,
-    clock: Clock,
-) -> Arc<dyn TenantStores> {
     Arc::new(Embedded {
         dir: data_dir.join("tenants"),
         durability,
         id_window,
         retention_days,
         hourly_retention_days,
-        milestone_days,
         clock,
     })
 }
@@ -185,7 +162,6 @@ struct Embedded {
     id_window: Duration,
     retention_days: u32,
     hourly_retention_days: u32,
-    milestone_days: Vec<u32>,
     clock: Clock,
 }
 
@@ -200,10 +176,9 @@ impl TenantStores for Embedded {
             self.retention_days,
             self.clock.clone(),
         )
-        .and_then(|s| {
+        .map(|s| {
             s.set_hourly_retention(self.hourly_retention_days);
-            s.set_milestone_days(&self.milestone_days)?;
-            Ok(Arc::new(s) as Arc<dyn Store>)
+            Arc::new(s) as Arc<dyn Store>
         })
         .map_err(|e| e.to_string())
     }

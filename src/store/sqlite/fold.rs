@@ -31,12 +31,7 @@ use crate::store::StoreError;
 
 /// Counters applied per transaction of a pass: a few milliseconds of the
 /// writer, so a flush waiting behind a chunk waits that long at most.
-/// Each bucket a chunk changes also moves up to one kept first-N-days
-/// total per kept N (`firstdays`, its triggers and their index): at 2,000
-/// a chunk of fresh counters made single increments' p99 latency 84 ms
-/// at 256 connections, against 27 ms at 500 (14-18 ms before those
-/// totals existed; scripts/bench/README.md, "Fold chunks").
-pub(super) const CHUNK: usize = 500;
+pub(super) const CHUNK: usize = 2_000;
 
 /// The deltas of one counter in a pass.
 #[derive(Debug, Default)]

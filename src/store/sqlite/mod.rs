@@ -72,7 +72,6 @@ mod background;
 mod connections;
 mod countapi;
 mod errors;
-mod firstdays;
 mod flush;
 mod fold;
 mod hooks;
@@ -319,37 +318,6 @@ impl SqliteStore {
     /// until set): the background deletes the hours of older days.
     pub fn set_hourly_retention(&self, days: u32) {
         self.hourly_retention_days.store(days, Ordering::Relaxed);
-    }
-
-    /// Which `first_<N>_days` lists the store keeps totals for
-    /// (`--milestone-days`; `firstdays::DEFAULT_KEPT` until set): a set that
-    /// differs from the one the database keeps has every total summed again
-    /// from the buckets, here, before the store serves (seconds per million
-    /// counters). Other N are summed by a pass over the pair's counters.
-    pub fn set_milestone_days(&self, days: &[u32]) -> Result<(), StoreError> {
-        let mut w = self
-            .writer
-            .lock()
-            .map_err(|_| StoreError::Internal("writer lock poisoned".into()))?;
-        // Rows read from the buckets must see every delta logged.
-        w.fold_all()?;
-        if firstdays::keep_now(&mut w.conn, days)? {
-            tracing::info!(days = ?days, path = %self.path.display(), "built the kept first-days totals");
-        }
-        Ok(())
-    }
-
-    /// The `first_<N>_days` list summed by a pass over the pair's counters
-    /// (what a list of an N without kept totals runs), for tests that hold
-    /// the kept totals to it.
-    #[doc(hidden)]
-    pub async fn top_first_days_by_walk(
-        &self,
-        query: &super::FirstDaysQuery,
-    ) -> Result<Vec<super::FirstDaysEntry>, StoreError> {
-        self.fold_now().await?;
-        let query = query.clone();
-        self.with_reader(move |c| publication::top(c, &query)).await
     }
 
     /// `Err(Halted)` once an fsync has failed.
@@ -922,10 +890,7 @@ impl Store for SqliteStore {
         self.fold_now().await?;
         let query = query.clone();
         let entries = self
-            .with_reader(move |c| match firstdays::top(c, &query)? {
-                Some(kept) => Ok(kept),
-                None => publication::top(c, &query),
-            })
+            .with_reader(move |c| publication::top(c, &query))
             .await?;
         Ok(super::FirstDaysList {
             entries,
