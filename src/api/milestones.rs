@@ -228,7 +228,7 @@ pub async fn get(
 ) -> Result<Json<MilestonesJson>, ApiError> {
     let key = path.key()?;
     let days = days_list(&app, p.days.as_deref())?;
-    let tz = super::queries::zone(p.tz.as_deref())?;
+    let tz = zone::parse_zone(p.tz.as_deref()).map_err(ApiError::BadRequest)?;
     let not_found = || ApiError::NotFound(format!("counter {key} has never been counted"));
     let counter = app.store.get(&key).await?.ok_or_else(not_found)?;
     let set = app.store.published(&key.entity, &key.uuid).await?;
