@@ -438,8 +438,10 @@ mod tests {
             .resolve_days(None, Some("2026-11-30T23:30:00Z"), None, now)
             .unwrap();
         assert_eq!(r.window.unwrap().from_day, day("2026-12-01"));
+        // The local day after the clock's: a `from` in the future.
+        let tomorrow = crate::domain::format_day(berlin.day_of_ms(now) + 1);
         let e = berlin
-            .resolve_days(None, Some("2026-12-02"), None, now)
+            .resolve_days(None, Some(&tomorrow), None, now)
             .unwrap_err();
         assert!(e.starts_with("from"), "{e}");
         // Kept: the local days starting at or after 00:00 UTC of the
