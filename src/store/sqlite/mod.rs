@@ -608,6 +608,11 @@ impl Store for SqliteStore {
     ) -> Result<super::TrendingList, StoreError> {
         self.fold_now().await?;
         let query = query.clone();
+        // Held across the read: at most `trending::SCANS` of these at once.
+        let _scan = trending::SCANS
+            .acquire()
+            .await
+            .map_err(|_| internal_msg("trending scans closed"))?;
         self.with_reader(move |c| trending::top(c, &query)).await
     }
 

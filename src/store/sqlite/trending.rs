@@ -9,13 +9,18 @@
 //! SQLite's sorter) took 9-12 s at a million counters
 //! (`scripts/bench/README.md`, "Trending"), most of it the sorter of the
 //! grouping and a counter lookup per scored counter; here each row costs
-//! one step and a hash update, and only the counters that may be listed
-//! are looked up. The weights are the domain's (`weight`), so the scores
-//! are those Elasticsearch computes; sums are compensated
-//! (Kahan-Babuska-Neumaier), as Elasticsearch's `sum` is.
+//! one step and an addition into an array by counter id ([`Scores`]), the
+//! best scores are selected and sorted a block at a time ([`best`]), and
+//! only the counters that may be listed are looked up. The weights are the
+//! domain's (`weight`), so the scores are those Elasticsearch computes;
+//! sums are compensated (Kahan-Babuska-Neumaier), as Elasticsearch's `sum`
+//! is. What is left is SQLite's own step per row (three quarters of a
+//! list's CPU at a million counters).
 //!
-//! Memory: one entry (cid, score) per counter with a bucket in the plan,
-//! transient, for the request's length (about 40 bytes each).
+//! Memory, for the request's length: 16 bytes and a bit per counter id of
+//! the store while ids stay under [`DENSE_MAX_CID`] (64 MiB at most), else
+//! a map entry (about 40 bytes) per counter with a bucket in the plan; and
+//! 16 bytes per scored counter for the ranking; [`SCANS`] lists at once.
 
 use std::collections::{HashMap, HashSet};
 
@@ -52,10 +57,97 @@ impl Sum {
 /// whole instead (a pair with few of the scored counters).
 const LOOKUPS_BEFORE_SET: usize = 20_000;
 
+/// Trending lists computed at once in the process, over every store: each
+/// holds an array of up to 64 MiB and a core, so more wait their turn
+/// rather than multiply the memory (reads run on a pool of up to 512
+/// blocking threads).
+pub(super) static SCANS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// The highest counter id whose scores are kept in a dense array (16 bytes
+/// a counter id, so at most 64 MiB for the request); past it, a map.
+const DENSE_MAX_CID: i64 = 1 << 22;
+
+/// Each scored counter's sum, by counter id.
+///
+/// Dense (an array indexed by counter id, and a bit per id for "has a
+/// bucket in the plan") while the store's ids are few enough: the rows of
+/// one hour (day) come in counter id order, so the array is walked
+/// forward, where a hash map's entries are scattered (a cache miss a row
+/// at a million counters). Ids are the store's own, assigned in order, so
+/// neither form can be steered by a client.
+enum Scores {
+    Dense { sums: Vec<Sum>, seen: Vec<u64> },
+    Sparse(HashMap<i64, Sum>),
+}
+
+impl Scores {
+    fn new(max_cid: i64) -> Scores {
+        match usize::try_from(max_cid) {
+            Ok(max) if max_cid <= DENSE_MAX_CID => Scores::Dense {
+                sums: vec![Sum::default(); max + 1],
+                seen: vec![0; max / 64 + 1],
+            },
+            _ => Scores::Sparse(HashMap::new()),
+        }
+    }
+
+    fn add(&mut self, cid: i64, x: f64) {
+        match self {
+            Scores::Dense { sums, seen } => match usize::try_from(cid) {
+                Ok(i) if i < sums.len() => {
+                    sums[i].add(x);
+                    seen[i / 64] |= 1 << (i % 64);
+                }
+                // A counter made after `max_cid` was read: not in this
+                // reader's snapshot, so never reached; kept safe anyway.
+                _ => {}
+            },
+            Scores::Sparse(map) => map.entry(cid).or_default().add(x),
+        }
+    }
+
+    /// (score, cid) of every counter with a bucket in the plan.
+    fn ranked(self) -> Vec<(f64, i64)> {
+        match self {
+            Scores::Dense { sums, seen } => sums
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| seen[i / 64] & (1 << (i % 64)) != 0)
+                .map(|(i, s)| (s.value(), i as i64))
+                .collect(),
+            Scores::Sparse(map) => map.into_iter().map(|(c, s)| (s.value(), c)).collect(),
+        }
+    }
+}
+
+/// Best first: score descending, then counter id.
+fn best_first(a: &(f64, i64), b: &(f64, i64)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
 /// The list, the change log folded first (the caller's part).
 pub(super) fn top(conn: &Connection, q: &TrendingQuery) -> Result<TrendingList, StoreError> {
     let e = sql("trending::top");
-    let mut scores: HashMap<i64, Sum> = HashMap::new();
+    // One read transaction: the rows summed and the ids bounded by
+    // `max_cid` are of one snapshot.
+    let tx = conn.unchecked_transaction().map_err(&e)?;
+    let entries = scored(&tx, q)?;
+    drop(tx);
+    let exact = match q.hour_range() {
+        Some(range) => hours::exact(conn, range, Of::Pair(&q.entity, &q.action))?,
+        None => true,
+    };
+    Ok(TrendingList { entries, exact })
+}
+
+fn scored(conn: &Connection, q: &TrendingQuery) -> Result<Vec<TrendingEntry>, StoreError> {
+    let e = sql("trending::top");
+    let max_cid: i64 = conn
+        .query_row("SELECT coalesce(max(cid), 0) FROM counters", [], |r| {
+            r.get(0)
+        })
+        .map_err(&e)?;
+    let mut scores = Scores::new(max_cid);
     for (table, column, range, weights) in [
         ("hours", "hour", q.plan.hours.clone(), q.hour_weights()),
         ("buckets", "day", q.plan.days.clone(), q.day_weights()),
@@ -70,12 +162,11 @@ pub(super) fn top(conn: &Connection, q: &TrendingQuery) -> Result<TrendingList, 
             while let Some(r) = rows.next().map_err(&e)? {
                 let cid: i64 = r.get(0).map_err(&e)?;
                 let value: i64 = r.get(1).map_err(&e)?;
-                scores.entry(cid).or_default().add(value as f64 * w);
+                scores.add(cid, value as f64 * w);
             }
         }
     }
-    let mut ranked: Vec<(f64, i64)> = scores.into_iter().map(|(c, s)| (s.value(), c)).collect();
-    ranked.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let ranked = scores.ranked();
 
     let mut lookup = conn
         .prepare_cached(
@@ -84,31 +175,59 @@ pub(super) fn top(conn: &Connection, q: &TrendingQuery) -> Result<TrendingList, 
         )
         .map_err(&e)?;
     let mut pair: Option<HashSet<i64>> = None;
-    let mut entries: Vec<TrendingEntry> = Vec::new();
-    for (i, &(score, cid)) in ranked.iter().enumerate() {
-        // Enough, and none left that ties the last kept.
-        if entries.len() >= q.size && entries.last().is_some_and(|l| score < l.score) {
-            break;
-        }
+    best(ranked, q.size, |i, cid| {
         if pair.is_none() && i == LOOKUPS_BEFORE_SET {
             pair = Some(pair_cids(conn, q)?);
         }
         if pair.as_ref().is_some_and(|p| !p.contains(&cid)) {
-            continue;
+            return Ok(None);
         }
-        let found: Option<(String, Option<String>)> = lookup
+        lookup
             .query_row(params![cid, q.entity, q.action, q.category], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })
             .optional()
-            .map_err(&e)?;
-        if let Some((uuid, category)) = found {
-            entries.push(TrendingEntry {
-                uuid,
-                score,
-                category,
-            });
+            .map_err(&e)
+    })
+}
+
+/// The best `size` of `ranked` (score, cid) that `listed` finds in the
+/// pair (its uuid and category; `None`: another pair's, or another
+/// category's), given the rank `i` and the cid of each candidate, best
+/// first; more when the last one ties, then ordered by score and uuid.
+///
+/// Sorted a block at a time: a list needs the first few hundred of a
+/// million scores in order, not all of them (a selection, then a sort of
+/// the block; a block four times the last when the pair's counters are
+/// fewer than that among them).
+fn best(
+    mut ranked: Vec<(f64, i64)>,
+    size: usize,
+    mut listed: impl FnMut(usize, i64) -> Result<Option<(String, Option<String>)>, StoreError>,
+) -> Result<Vec<TrendingEntry>, StoreError> {
+    let mut entries: Vec<TrendingEntry> = Vec::new();
+    let (mut start, mut block) = (0, (size * 4).max(1024));
+    'blocks: while start < ranked.len() {
+        let end = (start + block).min(ranked.len());
+        if end < ranked.len() {
+            ranked[start..].select_nth_unstable_by(end - start - 1, best_first);
         }
+        ranked[start..end].sort_unstable_by(best_first);
+        for (i, &(score, cid)) in (start..end).zip(&ranked[start..end]) {
+            // Enough, and none left that ties the last kept.
+            if entries.len() >= size && entries.last().is_some_and(|l| score < l.score) {
+                break 'blocks;
+            }
+            if let Some((uuid, category)) = listed(i, cid)? {
+                entries.push(TrendingEntry {
+                    uuid,
+                    score,
+                    category,
+                });
+            }
+        }
+        start = end;
+        block = block.saturating_mul(4);
     }
     // Ties of the last score come out by uuid, as on every list.
     entries.sort_by(|a, b| {
@@ -116,12 +235,8 @@ pub(super) fn top(conn: &Connection, q: &TrendingQuery) -> Result<TrendingList, 
             .total_cmp(&a.score)
             .then_with(|| a.uuid.as_bytes().cmp(b.uuid.as_bytes()))
     });
-    entries.truncate(q.size);
-    let exact = match q.hour_range() {
-        Some(range) => hours::exact(conn, range, Of::Pair(&q.entity, &q.action))?,
-        None => true,
-    };
-    Ok(TrendingList { entries, exact })
+    entries.truncate(size);
+    Ok(entries)
 }
 
 /// The counters of the pair (and category), by cid.
@@ -141,7 +256,7 @@ fn pair_cids(conn: &Connection, q: &TrendingQuery) -> Result<HashSet<i64>, Store
 
 #[cfg(test)]
 mod tests {
-    use super::Sum;
+    use super::{best, Scores, Sum, DENSE_MAX_CID};
 
     #[test]
     fn sums_are_compensated() {
@@ -150,5 +265,60 @@ mod tests {
             s.add(x);
         }
         assert_eq!(s.value(), 2.0);
+    }
+
+    /// The dense array and the map give the same sums, a counter whose
+    /// counts sum to 0 included (it has buckets in the plan).
+    #[test]
+    fn dense_and_sparse_scores_agree() {
+        let rows = [
+            (3, 2.0),
+            (1, 0.5),
+            (3, -2.0),
+            (700, 1.25),
+            (64, 4.0),
+            (1, 0.25),
+        ];
+        let mut dense = Scores::new(1000);
+        let mut sparse = Scores::new(DENSE_MAX_CID + 1);
+        assert!(matches!(dense, Scores::Dense { .. }));
+        assert!(matches!(sparse, Scores::Sparse(_)));
+        for (cid, x) in rows {
+            dense.add(cid, x);
+            sparse.add(cid, x);
+        }
+        let (mut d, mut s) = (dense.ranked(), sparse.ranked());
+        d.sort_by_key(|x| x.1);
+        s.sort_by_key(|x| x.1);
+        assert_eq!(d, vec![(0.75, 1), (0.0, 3), (4.0, 64), (1.25, 700)]);
+        assert_eq!(d, s);
+    }
+
+    /// Past the first block: the best 1,024 scores are another pair's,
+    /// so the list is filled from later blocks, still best first, and a
+    /// tie at the last place is broken by uuid.
+    #[test]
+    fn the_list_is_filled_from_later_blocks_best_first() {
+        // 10,000 counters scored cid / 2 (two by two tied); of the pair:
+        // those under 5,000 whose cid is 0 or 1 modulo 97.
+        let member = |c: i64| c < 5_000 && c % 97 <= 1;
+        let ranked: Vec<(f64, i64)> = (0..10_000).map(|c| ((c / 2) as f64, c)).collect();
+        let mut asked = Vec::new();
+        // Uuids in the reverse order of cids, so the tie is broken by uuid,
+        // not by the order the candidates were asked in.
+        let entries = best(ranked, 3, |i, cid| {
+            asked.push(i);
+            Ok(member(cid).then(|| (format!("u{:05}", 99_999 - cid), None)))
+        })
+        .unwrap();
+        let got: Vec<(f64, &str)> = entries.iter().map(|e| (e.score, e.uuid.as_str())).collect();
+        // 4948 and 4947 score 2474 and 2473; 4850 and 4851 tie at 2425 for
+        // the third place, which the lower uuid (4851's) takes.
+        assert_eq!(
+            got,
+            [(2474.0, "u95051"), (2473.0, "u95052"), (2425.0, "u95148")]
+        );
+        assert!(asked.len() > 1024, "the first block alone cannot fill it");
+        assert!(asked.windows(2).all(|w| w[0] + 1 == w[1]), "ranks in order");
     }
 }
