@@ -331,8 +331,10 @@ impl Store for ElasticsearchStore {
         after: Option<CounterKey>,
         limit: usize,
         from_day: i64,
+        hours_from_day: i64,
     ) -> Result<Vec<CounterHistory>, StoreError> {
-        self.counter_page_es(after, limit, from_day).await
+        self.counter_page_es(after, limit, from_day, hours_from_day)
+            .await
     }
 
     async fn average_page(
