@@ -69,6 +69,7 @@ fn file(records: usize, days: usize) -> String {
                 recorded_ms: today * 86_400_000,
             },
             days,
+            hours: Vec::new(),
         }));
     }
     text
@@ -132,6 +133,7 @@ async fn measure_marks(name: &str, store: &dyn Store, text: &str, marks: usize) 
     let mut out = Vec::with_capacity(text.len());
     let what = export::Export {
         from_day: rules().oldest_day(),
+        hours_from_day: rules().oldest_hour_day(),
         marks: true,
         fingerprint: None,
         tenant: "default".into(),
@@ -179,9 +181,15 @@ async fn measure(name: &str, store: &dyn Store, text: &str, records: usize) -> f
     );
     let (t, c) = (Instant::now(), cpu());
     let mut out = Vec::with_capacity(text.len());
-    export::write_all(store, &mut out, rules().oldest_day(), &hidden)
-        .await
-        .unwrap();
+    export::write_all(
+        store,
+        &mut out,
+        rules().oldest_day(),
+        rules().oldest_hour_day(),
+        &hidden,
+    )
+    .await
+    .unwrap();
     let wall3 = t.elapsed();
     assert_eq!(out.len(), text.len());
     println!(

@@ -3526,8 +3526,14 @@ async fn export_text(
     hidden: &indicatif::ProgressBar,
 ) -> String {
     let mut out = Vec::new();
-    export::write_all(store, &mut out, rules.oldest_day(), hidden)
-        .await
-        .unwrap();
+    export::write_all(
+        store,
+        &mut out,
+        rules.oldest_day(),
+        rules.oldest_hour_day(),
+        hidden,
+    )
+    .await
+    .unwrap();
     String::from_utf8(out).unwrap()
 }

@@ -150,6 +150,7 @@ fn sample(n: usize, seed: i64) -> String {
                 recorded_ms: recorded,
             },
             days,
+            hours: Vec::new(),
         }));
     }
     for i in 0..n / 4 {
@@ -239,6 +240,7 @@ async fn export_text(store: &dyn Store) -> String {
         store,
         &mut out,
         rules().oldest_day(),
+        rules().oldest_hour_day(),
         &indicatif::ProgressBar::hidden(),
     )
     .await
@@ -401,10 +403,7 @@ async fn migrate_copies_every_tenant_and_verifies_and_reports_an_altered_counter
             "tenant {tenant}: the cluster exports what the embedded store does"
         );
         assert_eq!(
-            migrate::verify(&from, &to, rules().oldest_day())
-                .await
-                .unwrap()
-                .count,
+            migrate::verify(&from, &to, &rules()).await.unwrap().count,
             0
         );
     }
@@ -426,9 +425,7 @@ async fn migrate_copies_every_tenant_and_verifies_and_reports_an_altered_counter
         .await
         .unwrap();
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    let v = migrate::verify(&from, &to, rules().oldest_day())
-        .await
-        .unwrap();
+    let v = migrate::verify(&from, &to, &rules()).await.unwrap();
     assert_eq!(v.count, 1, "{:?}", v.differences);
     assert!(
         v.differences[0].contains("counter ARTICLE/VIEW/ü1: value")
@@ -463,9 +460,7 @@ async fn migrate_copies_every_tenant_and_verifies_and_reports_an_altered_counter
     let e = migrate::run(&args, clock()).await.unwrap_err();
     assert!(e.contains("verification found"), "{e}");
     let from = sqlite(&data);
-    let v = migrate::verify(&from, &to, rules().oldest_day())
-        .await
-        .unwrap();
+    let v = migrate::verify(&from, &to, &rules()).await.unwrap();
     assert!(v.count >= 2, "{:?}", v.differences);
     assert!(
         v.differences.iter().all(|d| d.contains("ARTICLE/VIEW/ü1")),
@@ -490,9 +485,7 @@ async fn migrate_copies_every_tenant_and_verifies_and_reports_an_altered_counter
     }])
     .await
     .unwrap();
-    let v = migrate::verify(&from, &to, rules().oldest_day())
-        .await
-        .unwrap();
+    let v = migrate::verify(&from, &to, &rules()).await.unwrap();
     let moved: Vec<&String> = v
         .differences
         .iter()
@@ -514,6 +507,7 @@ async fn export_marked(
     let mut out = Vec::new();
     let what = export::Export {
         from_day: rules.oldest_day(),
+        hours_from_day: rules.oldest_hour_day(),
         marks: true,
         fingerprint,
         tenant: "default".into(),
@@ -934,9 +928,7 @@ async fn migrate_carries_marks_and_a_gateway_with_the_secret_it_names_counts_no_
         .await
         .unwrap();
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    let v = migrate::verify(&from, &to, rules().oldest_day())
-        .await
-        .unwrap();
+    let v = migrate::verify(&from, &to, &rules()).await.unwrap();
     assert!(
         v.differences
             .iter()
@@ -959,7 +951,7 @@ async fn migrate_carries_marks_and_a_gateway_with_the_secret_it_names_counts_no_
         e.contains("0123456789abcdef") && e.contains("nothing was copied"),
         "{e}"
     );
-    assert!(other.counter_page(None, 10, 0).await.unwrap().is_empty());
+    assert!(other.counter_page(None, 10, 0, 0).await.unwrap().is_empty());
     cleanup(&url, &p).await;
     cleanup(&url, &q).await;
 }
@@ -1026,10 +1018,7 @@ async fn countapi_records_move_to_the_cluster_and_verify_names_a_changed_admin_k
         assert_eq!(read.key, Some(r.created));
     }
     assert_eq!(
-        migrate::verify(&from, &to, rules().oldest_day())
-            .await
-            .unwrap()
-            .count,
+        migrate::verify(&from, &to, &rules()).await.unwrap().count,
         0
     );
     // Another admin key for b-site, set in the cluster behind the store's back.
@@ -1042,9 +1031,7 @@ async fn countapi_records_move_to_the_cluster_and_verify_names_a_changed_admin_k
         to.countapi_restore(vec![changed]).await.unwrap(),
         Restored::Applied
     );
-    let v = migrate::verify(&from, &to, rules().oldest_day())
-        .await
-        .unwrap();
+    let v = migrate::verify(&from, &to, &rules()).await.unwrap();
     // Each of the namespace's 50 keys is named: `set` on any of them now
     // takes another admin key.
     assert_eq!(v.count, 50, "{:?}", v.differences);
