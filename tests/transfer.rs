@@ -822,7 +822,7 @@ fn the_commands_round_trip_a_file_and_fail_on_a_bad_line() {
     let mut text = format::header_line();
     for (uuid, value) in [("a", 5), ("b", -2)] {
         text.push_str(&format!(
-            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"{uuid}","value":{value},"before":{value},"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{{}}}}"#
+            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"{uuid}","value":{value},"before":{value},"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{{}},"hours":{{}}}}"#
         ));
         text.push('\n');
     }
@@ -912,7 +912,7 @@ fn an_import_killed_mid_file_resumes_from_its_checkpoint() {
     let records = 50_000;
     for i in 0..records {
         text.push_str(&format!(
-            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u{i:06}","value":{i},"before":{i},"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{{}}}}"#
+            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u{i:06}","value":{i},"before":{i},"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{{}},"hours":{{}}}}"#
         ));
         text.push('\n');
     }
@@ -1037,7 +1037,7 @@ async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
     let (secret, fp) = common::actor_secret_of(app.data_dir());
     let file = export_marked(&*app.state.store, Some(&fp), rules()).await;
     let all = lines(&file);
-    assert_eq!(all[0]["version"], 4);
+    assert_eq!(all[0]["version"], 5);
     assert_eq!(
         all[1],
         json!({"kind": "actor_secret", "fingerprint": fp, "keyed_for": "default"})
@@ -1375,7 +1375,7 @@ fn the_commands_carry_marks_and_name_their_secret() {
     let like = CounterKey::new("E", "like", "a").unwrap();
     let mut text = format::header_line();
     text.push_str(
-        r#"{"kind":"counter","entity":"E","action":"like","uuid":"a","value":1,"before":1,"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{}}"#,
+        r#"{"kind":"counter","entity":"E","action":"like","uuid":"a","value":1,"before":1,"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{},"hours":{}}"#,
     );
     text.push('\n');
     text.push_str(&format::mark_line(&counter_gateway::store::ActorMark {
