@@ -21,10 +21,20 @@
 //! a bucket that names a set its counter had not applied yet (a backfill
 //! cut short) counts as applied, since the total is computed from the buckets.
 //!
+//! Hours (format 5): the hour documents of a day a record sets with its
+//! hours are written whole with `index`, unconditionally (they follow their
+//! day, whose write is conditional: a conflict there writes them again),
+//! keeping the event ids and bulk names they remember; those of that day
+//! the record does not list are deleted. The counter's `set_days` marks
+//! the day (hour answers not exact) only when its hours do not sum to it.
+//!
 //! Left open (two documents, no transaction): an increment whose counter
 //! update lands before the import reads the counter and whose bucket update
 //! lands after it searched the buckets is in the bucket but not in the total
-//! the import writes. Import with no gateway writing the counters it names.
+//! the import writes; likewise one whose day bucket update the import
+//! replaced and whose hour update lands after the hour's write is in the
+//! hour and not in the day. Import with no gateway writing the counters it
+//! names.
 
 use std::collections::HashMap;
 use std::time::Duration;
