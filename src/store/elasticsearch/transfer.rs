@@ -83,6 +83,10 @@ struct Item {
     plain: Option<Plain>,
 }
 
+/// An hour document already stored: its hour and what it keeps of it
+/// (the event ids and bulk names it remembers).
+type StoredHour = (i64, Map<String, Value>);
+
 /// A write that is not conditional on a version.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Plain {
@@ -505,7 +509,7 @@ impl ElasticsearchStore {
             .filter(|(&i, (c, _))| c.version.is_some() && counters[i].hours.is_some())
             .map(|(&i, _)| counters[i].key.doc_id())
             .collect();
-        let mut old_hours: HashMap<String, Vec<(i64, Map<String, Value>)>> = HashMap::new();
+        let mut old_hours: HashMap<String, Vec<StoredHour>> = HashMap::new();
         if !with_hours.is_empty() {
             let pattern = names.hours_pattern();
             self.refresh_tenant(&pattern).await?;
