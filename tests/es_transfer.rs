@@ -1188,6 +1188,32 @@ async fn hours_move_to_the_cluster_and_answer_as_on_the_embedded_store() {
         assert_eq!(a, b, "{uuid}");
         assert_eq!(a.exact, exact, "{uuid}: {a:?}");
     }
+    // The same file as version 4 wrote it (no hours), into another
+    // tenant: the days move, their hours are unknown and say so; the
+    // version 5 file over it makes them exact.
+    let mut v4 = format!(
+        "{}\n",
+        json!({"kind": "header", "format": "counter-gateway", "version": 4})
+    );
+    for mut r in all.iter().skip(1).cloned() {
+        if let Some(o) = r.as_object_mut() {
+            o.remove("hours");
+        }
+        v4.push_str(&format!("{r}\n"));
+    }
+    let old = es_store(&url, &p, "old").await;
+    assert_eq!(import_text(&old, &v4).await.hours, 0);
+    let h1 = old.hour_histogram(&key1, range).await.unwrap().unwrap();
+    assert!(!h1.exact && h1.buckets.is_empty(), "{h1:?}");
+    import_text(&old, &exported).await;
+    assert_eq!(export_text(&old).await, exported);
+    let h1 = old.hour_histogram(&key1, range).await.unwrap().unwrap();
+    assert_eq!(
+        h1,
+        from.hour_histogram(&key1, range).await.unwrap().unwrap()
+    );
+    assert!(h1.exact, "{h1:?}");
+
     // Importing twice changes nothing; a file that gives a day other hours
     // replaces them (the old hour goes) on both stores alike.
     import_text(&to, &exported).await;

@@ -511,6 +511,15 @@ impl ElasticsearchStore {
             .collect();
         let mut old_hours: HashMap<String, Vec<StoredHour>> = HashMap::new();
         if !with_hours.is_empty() {
+            // Only those of the days the records set are held (as many as
+            // the batch's buckets, at most 24 a day), whatever else is stored.
+            let named: std::collections::HashSet<(String, i64)> = which
+                .iter()
+                .flat_map(|&i| {
+                    let c = &counters[i];
+                    c.days.iter().map(move |b| (c.key.doc_id(), b.day))
+                })
+                .collect();
             let pattern = names.hours_pattern();
             self.refresh_tenant(&pattern).await?;
             self.documents_of(
@@ -519,9 +528,11 @@ impl ElasticsearchStore {
                 hourly_from,
                 &["event_ids", "applied_ops"],
                 |id, ms, source| {
-                    let kept = source.as_object().cloned().unwrap_or_default();
-                    days_of(&mut old_hours, id)
-                        .push((ms.div_euclid(crate::domain::hours::HOUR_MS), kept));
+                    let hour = ms.div_euclid(crate::domain::hours::HOUR_MS);
+                    if named.contains(&(id.to_string(), hour.div_euclid(24))) {
+                        let kept = source.as_object().cloned().unwrap_or_default();
+                        days_of(&mut old_hours, id).push((hour, kept));
+                    }
                 },
             )
             .await?;
