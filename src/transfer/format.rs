@@ -295,13 +295,11 @@ pub fn counter_line(c: &CounterHistory) -> String {
     // An hour of a day not listed would be refused by the import (a day's
     // hours sum into it); no store keeps one, as an hour's increment makes
     // its day's bucket too.
+    let named: HashSet<i64> = days.iter().map(|(d, _)| *d).collect();
     let hours: Vec<HourBucket> = c
         .hours
         .iter()
-        .filter(|h| {
-            days.binary_search_by_key(&h.hour.div_euclid(24), |(d, _)| *d)
-                .is_ok()
-        })
+        .filter(|h| named.contains(&h.hour.div_euclid(24)))
         .copied()
         .collect();
     let listed: i128 = days.iter().map(|(_, v)| i128::from(*v)).sum();
@@ -1249,6 +1247,25 @@ mod tests {
             r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u","value":1,"days":{{"{today}":1,"{today}":1}}}}"#
         );
         assert!(parse(&twice, &rules()).unwrap_err().contains("named twice"));
+    }
+
+    #[test]
+    fn a_counters_hours_are_written_whatever_the_order_of_its_days() {
+        let mut h = history();
+        h.days.reverse();
+        h.hours.push(HourBucket {
+            hour: (today() - 1) * 24,
+            value: 4,
+        });
+        let line = counter_line(&h);
+        // Those of a listed day, in hour order; none of a day not listed.
+        assert!(
+            line.ends_with(
+                r#""hours":{"2028-02-29T09":5,"2028-02-29T11":2}}
+"#
+            ),
+            "{line}"
+        );
     }
 
     #[test]
