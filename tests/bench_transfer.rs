@@ -4,7 +4,9 @@
 //! `cargo test --release --test bench_transfer -- --ignored --nocapture`
 //! measures the embedded store; with `ELASTICSEARCH_URL` set (or under
 //! `scripts/opensearch.sh run -- ...`) Elasticsearch too. `BENCH_RECORDS`
-//! (default 20,000) counters of `BENCH_DAYS` (default 30) day buckets each;
+//! (default 20,000) counters of `BENCH_DAYS` (default 30) day buckets each,
+//! with `BENCH_HOURS_PER_DAY` (default 0) hour buckets in each day of the
+//! hourly retention;
 //! then a file of `BENCH_MARKS` (default 100,000) marks of actors on those
 //! counters, half likes and half views over the same days, in the same run.
 //! Wall-clock time, and this process's CPU time from `/proc/self/stat` (the
@@ -52,6 +54,9 @@ fn rules() -> format::Rules {
 
 fn file(records: usize, days: usize) -> String {
     let today = day_of(common::test_now());
+    // Hours of each day of the hourly retention (14 days): the day's value
+    // spread over its first `BENCH_HOURS_PER_DAY` hours (default 0: none).
+    let per_day = env("BENCH_HOURS_PER_DAY", 0).min(24);
     let mut text = format::header_line();
     for i in 0..records {
         let days: Vec<Bucket> = (0..days)
@@ -60,6 +65,18 @@ fn file(records: usize, days: usize) -> String {
                 value: (i + n) as i64 % 97,
             })
             .collect();
+        let mut hours: Vec<counter_gateway::store::HourBucket> = days
+            .iter()
+            .filter(|b| b.day >= rules().oldest_hour_day() && per_day > 0)
+            .flat_map(|b| {
+                (0..per_day as i64).map(move |h| counter_gateway::store::HourBucket {
+                    hour: b.day * 24 + h,
+                    value: b.value / per_day as i64
+                        + i64::from(h == 0) * (b.value % per_day as i64),
+                })
+            })
+            .collect();
+        hours.sort_by_key(|h| h.hour);
         text.push_str(&format::counter_line(&CounterHistory {
             counter: Counter {
                 key: CounterKey::new("ARTICLE", "VIEW", &format!("article-{i:07}")).unwrap(),
@@ -69,6 +86,7 @@ fn file(records: usize, days: usize) -> String {
                 recorded_ms: today * 86_400_000,
             },
             days,
+            hours,
         }));
     }
     text
@@ -132,6 +150,7 @@ async fn measure_marks(name: &str, store: &dyn Store, text: &str, marks: usize) 
     let mut out = Vec::with_capacity(text.len());
     let what = export::Export {
         from_day: rules().oldest_day(),
+        hours_from_day: rules().oldest_hour_day(),
         marks: true,
         fingerprint: None,
         tenant: "default".into(),
@@ -161,8 +180,9 @@ async fn measure(name: &str, store: &dyn Store, text: &str, records: usize) -> f
     assert_eq!(done.counters as usize, records);
     let rate = records as f64 / wall.as_secs_f64();
     println!(
-        "{name}: import {records} records ({} days) in {:.2} s: {rate:.0} records/s, {:.0} days/s; {:.1} µs CPU of this process per record",
+        "{name}: import {records} records ({} days, {} hours) in {:.2} s: {rate:.0} records/s, {:.0} days/s; {:.1} µs CPU of this process per record",
         done.days,
+        done.hours,
         wall.as_secs_f64(),
         done.days as f64 / wall.as_secs_f64(),
         spent.as_secs_f64() * 1e6 / records as f64
@@ -179,9 +199,15 @@ async fn measure(name: &str, store: &dyn Store, text: &str, records: usize) -> f
     );
     let (t, c) = (Instant::now(), cpu());
     let mut out = Vec::with_capacity(text.len());
-    export::write_all(store, &mut out, rules().oldest_day(), &hidden)
-        .await
-        .unwrap();
+    export::write_all(
+        store,
+        &mut out,
+        rules().oldest_day(),
+        rules().oldest_hour_day(),
+        &hidden,
+    )
+    .await
+    .unwrap();
     let wall3 = t.elapsed();
     assert_eq!(out.len(), text.len());
     println!(

@@ -3526,8 +3526,87 @@ async fn export_text(
     hidden: &indicatif::ProgressBar,
 ) -> String {
     let mut out = Vec::new();
-    export::write_all(store, &mut out, rules.oldest_day(), hidden)
+    export::write_all(
+        store,
+        &mut out,
+        rules.oldest_day(),
+        rules.oldest_hour_day(),
+        hidden,
+    )
+    .await
+    .unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// Hours travel to Elasticsearch (format 5) on the fake cluster as on a
+/// real node: a file with hours imported into the cluster and into the
+/// embedded store exports the same bytes from both, and both answer the
+/// same hour histograms, `exact` included (a day whose hours do not sum to
+/// it is not exact). Real nodes: `tests/es_transfer.rs`.
+#[tokio::test]
+async fn hours_import_and_export_as_on_the_embedded_store() {
+    use counter_gateway::domain::{format_day, CounterKey, HourRange};
+    use counter_gateway::transfer::{format, import};
+    let fake = Fake::default();
+    let addr = fake.start().await;
+    let cluster = store_at(&format!("http://{addr}"));
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = counter_gateway::store::sqlite::SqliteStore::open(
+        dir.path(),
+        counter_gateway::store::sqlite::Durability::Full,
+        Duration::from_secs(86_400),
+        TimePolicy::default().retention_days,
+        clock(),
+    )
+    .unwrap();
+    let today = counter_gateway::domain::day_of(now());
+    let d = |n: i64| format_day(today - n);
+    let h = |n: i64, hh: u32| format!("{}T{hh:02}", d(n));
+    let rules = format::Rules {
+        now: now(),
+        policy: TimePolicy::default(),
+    };
+    let file = format!(
+        "{}{}\n{}\n",
+        format::header_line(),
+        json!({"kind": "counter", "entity": "ARTICLE", "action": "VIEW", "uuid": "h1", "value": 26,
+               "days": {d(20): 5, d(2): 6, d(1): 15}, "hours": {h(2, 0): 1, h(2, 23): 5, h(1, 7): 15}}),
+        json!({"kind": "counter", "entity": "ARTICLE", "action": "VIEW", "uuid": "h2", "value": 12,
+               "category": "news", "days": {d(1): 12}, "hours": {h(1, 3): 3, h(1, 4): 4}}),
+    );
+    let hidden = indicatif::ProgressBar::hidden();
+    for store in [&embedded as &dyn Store, &*cluster] {
+        let done = import::read_all(
+            store,
+            file.as_bytes(),
+            &rules,
+            &import::Options::default(),
+            &hidden,
+        )
         .await
         .unwrap();
-    String::from_utf8(out).unwrap()
+        assert_eq!((done.counters, done.hours), (2, 5));
+    }
+    let exported = export_text(&embedded, &rules, &hidden).await;
+    assert!(
+        exported.contains(&format!(
+            r#""hours":{{"{}":1,"{}":5,"{}":15}}"#,
+            h(2, 0),
+            h(2, 23),
+            h(1, 7)
+        )),
+        "{exported}"
+    );
+    assert_eq!(export_text(&*cluster, &rules, &hidden).await, exported);
+    let range = HourRange {
+        from_hour: (today - 3) * 24,
+        to_hour: today * 24 + 23,
+    };
+    for (uuid, exact) in [("h1", true), ("h2", false)] {
+        let key = CounterKey::new("ARTICLE", "VIEW", uuid).unwrap();
+        let a = embedded.hour_histogram(&key, range).await.unwrap().unwrap();
+        let b = cluster.hour_histogram(&key, range).await.unwrap().unwrap();
+        assert_eq!(a, b, "{uuid}");
+        assert_eq!(a.exact, exact, "{uuid}: {a:?}");
+    }
 }

@@ -1826,6 +1826,7 @@ async fn marks_of_an_earlier_version_are_refused_then_reimported_for_their_tenan
     let mut out = Vec::new();
     let what = export::Export {
         from_day: rules.oldest_day(),
+        hours_from_day: rules.oldest_hour_day(),
         marks: true,
         fingerprint: secret.fingerprint(),
         tenant: "acme".into(),

@@ -229,6 +229,7 @@ async fn an_export_and_import_keep_a_set_value() {
         app.state.store.as_ref(),
         &mut out,
         rules.oldest_day(),
+        rules.oldest_hour_day(),
         &bar,
     )
     .await

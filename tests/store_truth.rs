@@ -357,8 +357,11 @@ impl Store for Recorder {
         after: Option<CounterKey>,
         limit: usize,
         from_day: i64,
+        hours_from_day: i64,
     ) -> Result<Vec<counter_gateway::store::CounterHistory>, StoreError> {
-        self.inner.counter_page(after, limit, from_day).await
+        self.inner
+            .counter_page(after, limit, from_day, hours_from_day)
+            .await
     }
     async fn average_page(
         &self,

@@ -58,9 +58,15 @@ fn empty_store() -> (TempDir, Arc<SqliteStore>) {
 
 async fn export_text(store: &dyn Store) -> String {
     let mut out = Vec::new();
-    export::write_all(store, &mut out, rules().oldest_day(), &hidden())
-        .await
-        .unwrap();
+    export::write_all(
+        store,
+        &mut out,
+        rules().oldest_day(),
+        rules().oldest_hour_day(),
+        &hidden(),
+    )
+    .await
+    .unwrap();
     String::from_utf8(out).unwrap()
 }
 
@@ -186,7 +192,7 @@ async fn export_import_export_gives_the_same_file() {
     let all = lines(&first);
     assert_eq!(
         all[0],
-        json!({"kind": "header", "format": "counter-gateway", "version": 4})
+        json!({"kind": "header", "format": "counter-gateway", "version": 5})
     );
     // 20 videos, 1 old, 4 articles, 2 averages, 3 publication times, and
     // the header.
@@ -443,8 +449,11 @@ impl counter_gateway::store::Store for Interrupted {
         after: Option<CounterKey>,
         limit: usize,
         from_day: i64,
+        hours_from_day: i64,
     ) -> Result<Vec<counter_gateway::store::CounterHistory>, StoreError> {
-        self.inner.counter_page(after, limit, from_day).await
+        self.inner
+            .counter_page(after, limit, from_day, hours_from_day)
+            .await
     }
     async fn average_page(
         &self,
@@ -712,8 +721,8 @@ async fn the_header_is_required_and_versioned() {
             "must be the header",
         ),
         (
-            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":5}\n",
-            "versions 1 to 4",
+            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":6}\n",
+            "versions 1 to 5",
         ),
     ] {
         let e = import_text(&*store, text, &import::Options::default())
@@ -813,7 +822,7 @@ fn the_commands_round_trip_a_file_and_fail_on_a_bad_line() {
     let mut text = format::header_line();
     for (uuid, value) in [("a", 5), ("b", -2)] {
         text.push_str(&format!(
-            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"{uuid}","value":{value},"before":{value},"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{{}}}}"#
+            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"{uuid}","value":{value},"before":{value},"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{{}},"hours":{{}}}}"#
         ));
         text.push('\n');
     }
@@ -903,7 +912,7 @@ fn an_import_killed_mid_file_resumes_from_its_checkpoint() {
     let records = 50_000;
     for i in 0..records {
         text.push_str(&format!(
-            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u{i:06}","value":{i},"before":{i},"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{{}}}}"#
+            r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u{i:06}","value":{i},"before":{i},"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{{}},"hours":{{}}}}"#
         ));
         text.push('\n');
     }
@@ -983,6 +992,7 @@ async fn export_marked(
     let mut out = Vec::new();
     let what = export::Export {
         from_day: rules.oldest_day(),
+        hours_from_day: rules.oldest_hour_day(),
         marks: true,
         fingerprint: fingerprint.map(str::to_string),
         tenant: "default".into(),
@@ -1027,7 +1037,7 @@ async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
     let (secret, fp) = common::actor_secret_of(app.data_dir());
     let file = export_marked(&*app.state.store, Some(&fp), rules()).await;
     let all = lines(&file);
-    assert_eq!(all[0]["version"], 4);
+    assert_eq!(all[0]["version"], 5);
     assert_eq!(
         all[1],
         json!({"kind": "actor_secret", "fingerprint": fp, "keyed_for": "default"})
@@ -1083,7 +1093,7 @@ async fn marks_round_trip_and_the_imported_store_counts_no_actor_twice() {
         e.starts_with("line 2: ") && e.contains(&fp) && e.contains("--actor-secret"),
         "{e}"
     );
-    assert!(store.counter_page(None, 10, 0).await.unwrap().is_empty());
+    assert!(store.counter_page(None, 10, 0, 0).await.unwrap().is_empty());
     assert!(!dir.path().join("actor-secret").exists());
     // With it: the marks set, the secret kept for the gateway.
     let done = import_text(&store, &file, &into_dir(dir.path(), Some(&secret)))
@@ -1365,7 +1375,7 @@ fn the_commands_carry_marks_and_name_their_secret() {
     let like = CounterKey::new("E", "like", "a").unwrap();
     let mut text = format::header_line();
     text.push_str(
-        r#"{"kind":"counter","entity":"E","action":"like","uuid":"a","value":1,"before":1,"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{}}"#,
+        r#"{"kind":"counter","entity":"E","action":"like","uuid":"a","value":1,"before":1,"first_timestamp":"2020-01-01T00:00:00.000Z","recorded_timestamp":"2021-06-01T12:00:00.000Z","days":{},"hours":{}}"#,
     );
     text.push('\n');
     text.push_str(&format::mark_line(&counter_gateway::store::ActorMark {
@@ -1536,6 +1546,7 @@ async fn an_export_from_before_marks_were_keyed_for_their_tenant_imports_after()
     let mut out = Vec::new();
     let what = export::Export {
         from_day: rules().oldest_day(),
+        hours_from_day: rules().oldest_hour_day(),
         marks: true,
         fingerprint: Some(fp.clone()),
         tenant: "acme".into(),
@@ -1737,4 +1748,210 @@ async fn a_countapi_record_past_the_bound_stops_the_import_with_nothing_of_its_b
         .unwrap()
         .contains("one.more"));
     assert_eq!(value(&*store, "u").await, Some(4));
+}
+
+/// A gateway with hourly traffic over the last three days: `h1` counted at
+/// many hours, `h2` too with a day inside the hourly retention backfilled
+/// (its hours do not sum to it), `h3` in the sports category.
+async fn hourly() -> TestApp {
+    let app = TestApp::start().await;
+    let mut events = Vec::new();
+    for k in 0..15i64 {
+        let at = common::rfc3339(test_now() - chrono::Duration::hours(5 * k) - Days::minutes(7));
+        for (uuid, count) in [("h1", k + 1), ("h2", 2 * k + 1), ("h3", 3)] {
+            events.push(json!({
+                "entity": "VIDEO", "action": "VIEW", "uuid": uuid, "count": count,
+                "timestamp": at, "category": (uuid == "h3").then_some("sports"),
+            }));
+        }
+    }
+    let r = app.post("/v1/events", json!({ "events": events })).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = app
+        .send(
+            app.http
+                .put(app.url(&format!("/v1/counters/VIDEO/VIEW/h2/days/{}", day(1))))
+                .json(&json!({"value": 500})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    app
+}
+
+/// What the hour and local-day reads answer, each as its whole JSON body.
+async fn hour_answers(app: &TestApp) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for path in [
+        format!(
+            "/v1/counters/VIDEO/VIEW/h1/histogram?tz=Europe/Berlin&from={}",
+            day(3)
+        ),
+        format!(
+            "/v1/counters/VIDEO/VIEW/h1/histogram?bucket=hour&from={}",
+            day(3)
+        ),
+        format!(
+            "/v1/counters/VIDEO/VIEW/h2/histogram?bucket=hour&from={}",
+            day(3)
+        ),
+        format!(
+            "/v1/counters/VIDEO/VIEW/h2/histogram?tz=Europe/Berlin&from={}",
+            day(3)
+        ),
+        "/v1/top/VIDEO/VIEW?interval=last_24_hours".to_string(),
+        "/v1/top/VIDEO/VIEW?interval=last_week&tz=Europe/Berlin&category=sports".to_string(),
+    ] {
+        let r = app.get(&path).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text);
+        out.push((path, r.json));
+    }
+    out
+}
+
+/// The file of format 5 carries each counter's hours: after export and
+/// import into a fresh store, the local-day (`tz=Europe/Berlin`) and
+/// `bucket=hour` histograms and the hour lists answer exactly as before,
+/// `exact` included (a backfilled day stays not exact, the others exact).
+/// A file without hours (version 4) sets the same days with their hours
+/// unknown: hour answers over them say `exact: false` rather than counting
+/// nothing.
+#[tokio::test]
+async fn hours_travel_with_their_counters_and_a_file_without_them_is_not_exact() {
+    let app = hourly().await;
+    let before = hour_answers(&app).await;
+    assert_eq!(before[1].1["exact"], true, "{:?}", before[1]);
+    assert!(before[1].1["buckets"].as_array().unwrap().len() >= 10);
+    assert_eq!(before[0].1["exact"], true, "{:?}", before[0]);
+    assert_eq!(before[2].1["exact"], false, "{:?}", before[2]);
+    let text = export_text(&*app.state.store).await;
+    let all = lines(&text);
+    let h1 = record(&all, "counter", "h1");
+    let hours = h1["hours"].as_object().unwrap();
+    assert_eq!(hours.len(), 15, "{h1}");
+    let summed: i64 = hours.values().map(|v| v.as_i64().unwrap()).sum();
+    assert_eq!(summed, (1..=15).sum::<i64>());
+    // The backfilled day's hours are what its increments put there, and
+    // its day holds more: that difference is the day's rest on import.
+    let h2 = record(&all, "counter", "h2");
+    assert_eq!(h2["days"][day(1)], 500);
+
+    let copy = TestApp::start().await;
+    let done = import_text(&*copy.state.store, &text, &import::Options::default())
+        .await
+        .unwrap();
+    assert_eq!(done.hours, 45);
+    assert_eq!(hour_answers(&copy).await, before);
+    assert_eq!(export_text(&*copy.state.store).await, text);
+    // Imported again (importing sets): the same answers.
+    import_text(&*copy.state.store, &text, &import::Options::default())
+        .await
+        .unwrap();
+    assert_eq!(hour_answers(&copy).await, before);
+
+    // The same file as version 4 wrote it: no hours.
+    let mut v4 = format!(
+        "{}\n",
+        json!({"kind": "header", "format": "counter-gateway", "version": 4})
+    );
+    for mut r in all.into_iter().skip(1) {
+        if let Some(o) = r.as_object_mut() {
+            o.remove("hours");
+        }
+        v4.push_str(&format!("{r}\n"));
+    }
+    let old = TestApp::start().await;
+    let done = import_text(&*old.state.store, &v4, &import::Options::default())
+        .await
+        .unwrap();
+    assert_eq!((done.counters, done.hours), (3, 0));
+    let after = hour_answers(&old).await;
+    for (path, j) in &after {
+        assert_eq!(j["exact"], false, "{path}: {j}");
+    }
+    // The days themselves moved whole.
+    let r = old
+        .get(&format!(
+            "/v1/counters/VIDEO/VIEW/h1/histogram?from={}",
+            day(3)
+        ))
+        .await;
+    let r0 = app
+        .get(&format!(
+            "/v1/counters/VIDEO/VIEW/h1/histogram?from={}",
+            day(3)
+        ))
+        .await;
+    assert_eq!(r.json, r0.json);
+    // Importing the version 5 file over it makes them exact again.
+    import_text(&*old.state.store, &text, &import::Options::default())
+        .await
+        .unwrap();
+    assert_eq!(hour_answers(&old).await, before);
+}
+
+/// Hours are bounded with the days: a batch closes before its day and hour
+/// buckets pass `batch_days`, and a bad hour stops the import at its line
+/// with nothing of its batch applied (or, with `--skip-bad`, is set aside).
+#[tokio::test]
+async fn hours_count_against_the_batch_bound_and_a_bad_hour_is_named() {
+    let d = day(0);
+    let rec = |uuid: &str, hours: Value| {
+        json!({"kind": "counter", "entity": "E", "action": "A", "uuid": uuid, "value": 6,
+               "days": {d.clone(): 6}, "hours": hours})
+        .to_string()
+    };
+    let good = |uuid: &str| rec(uuid, json!({format!("{d}T00"): 1, format!("{d}T01"): 2}));
+    let bad = rec("bad", json!({format!("{}T05", day(1)): 6}));
+    let text = format!(
+        "{}{}\n{}\n{}\n",
+        format::header_line(),
+        good("u1"),
+        good("u2"),
+        bad
+    );
+    let (_dir, store) = empty_store();
+    let e = import_text(&*store, &text, &import::Options::default())
+        .await
+        .unwrap_err();
+    assert!(e.contains("line 4") && e.contains("does not list"), "{e}");
+    // One batch: nothing of it applied.
+    assert_eq!(value(&*store, "u1").await, None);
+    // With a bound of 3 buckets (a day and two hours per record), each
+    // record is a batch of its own: the first is applied, the second's
+    // batch is the bad line's.
+    let options = import::Options {
+        batch_days: 3,
+        ..Default::default()
+    };
+    let e = import_text(&*store, &text, &options).await.unwrap_err();
+    assert!(e.contains("line 4"), "{e}");
+    assert_eq!(value(&*store, "u1").await, Some(6));
+    assert_eq!(value(&*store, "u2").await, None);
+    let key = CounterKey::new("E", "A", "u1").unwrap();
+    let today = day_of(test_now());
+    let h = store
+        .hour_histogram(
+            &key,
+            counter_gateway::domain::HourRange {
+                from_hour: today * 24,
+                to_hour: today * 24 + 23,
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    // Day 6 = hours 1 + 2 + a rest of 3: not exact.
+    assert_eq!(h.buckets.len(), 2);
+    assert!(!h.exact);
+    // --skip-bad sets the bad line aside and imports the rest.
+    let (_dir, store) = empty_store();
+    let skipped = tempfile::NamedTempFile::new().unwrap();
+    let options = import::Options {
+        skip_bad: Some(skipped.path().to_path_buf()),
+        ..Default::default()
+    };
+    let done = import_text(&*store, &text, &options).await.unwrap();
+    assert_eq!((done.counters, done.bad, done.hours), (2, 1, 4));
+    let aside = std::fs::read_to_string(skipped.path()).unwrap();
+    assert!(aside.contains("\"bad\""), "{aside}");
 }

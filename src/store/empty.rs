@@ -134,6 +134,7 @@ impl Store for EmptyStore {
         _after: Option<CounterKey>,
         _limit: usize,
         _from_day: i64,
+        _hours_from_day: i64,
     ) -> Result<Vec<CounterHistory>, StoreError> {
         Ok(Vec::new())
     }

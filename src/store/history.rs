@@ -6,13 +6,47 @@
 
 use crate::domain::{Counter, CounterKey, DaySet, Mark};
 
-use super::Bucket;
+use super::{Bucket, HourBucket};
 
-/// A counter with its day buckets from a given day on, in day order.
+/// A counter with its day buckets from a given day on, in day order, and
+/// its hour buckets from a later day on (the hourly retention's), in hour
+/// order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CounterHistory {
     pub counter: Counter,
     pub days: Vec<Bucket>,
+    pub hours: Vec<HourBucket>,
+}
+
+/// The hours an import sets with a counter's days: for every day of the
+/// record from `from_day` on, its hour buckets are exactly these (an hour
+/// not listed has none), and what the day holds beyond them is its rest,
+/// as a backfilled day's (the exporting store's own rest, or a day whose
+/// hours it did not keep). Days before `from_day`, or every day of a record
+/// without hours (a file of version 4 or older), are set with their hours
+/// unknown: hour answers over them say `exact: false`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImportHours {
+    /// The first day whose hours the record gives (the hourly retention's
+    /// first day where the import runs).
+    pub from_day: i64,
+    /// Distinct hours, in hour order, each of a day among the record's
+    /// days, none before `from_day`.
+    pub buckets: Vec<HourBucket>,
+}
+
+impl ImportHours {
+    /// The hours of `day` (a contiguous run, the buckets being in order).
+    pub fn of_day(&self, day: i64) -> &[HourBucket] {
+        let start = self.buckets.partition_point(|h| h.hour < day * 24);
+        let end = self.buckets.partition_point(|h| h.hour < (day + 1) * 24);
+        &self.buckets[start..end]
+    }
+
+    /// Whether the hours of `day` are given (so set, rather than unknown).
+    pub fn covers(&self, day: i64) -> bool {
+        day >= self.from_day
+    }
 }
 
 /// One day bucket of an average counter.
@@ -58,6 +92,8 @@ pub struct CounterImport {
     pub first_ms: i64,
     /// The later of this and the stored `recorded_timestamp` is kept.
     pub recorded_ms: i64,
+    /// The hours of its days, when the record gives them (format 5).
+    pub hours: Option<ImportHours>,
 }
 
 /// An average as an import sets it: as [`CounterImport`], for the sum and

@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use crate::domain::{Counter, CounterKey, CounterSet, DaySet, Increment, Window};
 pub use history::{
     ActorMark, AverageBucket, AverageHistory, AverageImport, CounterHistory, CounterImport,
-    ImportBatch, ImportEntry, ImportOutcome, MarkState,
+    ImportBatch, ImportEntry, ImportHours, ImportOutcome, MarkState,
 };
 pub use publication::{
     FirstDaysEntry, FirstDaysList, FirstDaysQuery, PublishedSet, TargetPublished,
@@ -315,7 +315,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Export: up to `limit` counters after `after` (exclusive) in key order
     /// (entity, action, uuid, each bytewise), each with its day buckets from
-    /// `from_day` on. Every store answers the same order, so two stores'
+    /// `from_day` on and its hour buckets of the days from `hours_from_day`
+    /// on. Every store answers the same order, so two stores'
     /// exports of the same data are the same file. Each page is read from
     /// one snapshot where the store has them (embedded); on Elasticsearch
     /// the first page refreshes the tenant's indices, and pages are searches.
@@ -324,6 +325,7 @@ pub trait Store: Send + Sync + 'static {
         after: Option<CounterKey>,
         limit: usize,
         from_day: i64,
+        hours_from_day: i64,
     ) -> Result<Vec<CounterHistory>, StoreError>;
     /// [`Store::counter_page`] for average counters.
     async fn average_page(

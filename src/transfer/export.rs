@@ -12,7 +12,8 @@ use crate::domain::CounterKey;
 use crate::store::{ActorMark, MarkKeying, Store, StoreError};
 
 /// Counters (or averages) read per page. A page holds each one's days too
-/// (up to the retention's 400), so this bounds memory to some 10 MB.
+/// (up to the retention's 400) and its hours (24 a day of the hourly
+/// retention, 360 by default), so this bounds memory to some 20 MB.
 pub const PAGE: usize = 500;
 
 /// Marks read per page: some 150 bytes each.
@@ -31,6 +32,8 @@ pub struct Exported {
     pub averages: u64,
     /// Day buckets of counters and of averages.
     pub days: u64,
+    /// Hour buckets of counters.
+    pub hours: u64,
     /// Marks of actors.
     pub marks: u64,
     /// Targets' publication times.
@@ -60,6 +63,9 @@ pub struct Export {
     /// Days from this one on are listed; older ones count in `before`, and
     /// older `day` marks are left out.
     pub from_day: i64,
+    /// The hours of the days from this one on are listed (the hourly
+    /// retention's first day).
+    pub hours_from_day: i64,
     /// The marks of actors too.
     pub marks: bool,
     /// The fingerprint of the secret the store's marks are keyed with,
@@ -72,16 +78,19 @@ pub struct Export {
 
 /// Writes the header and every counter, average, publication time and mark
 /// of `store`, with
-/// days from `from_day` on (older days count in each record's `before`),
+/// days from `from_day` on (older days count in each record's `before`)
+/// and hours of the days from `hours_from_day` on,
 /// naming no secret: [`write`] with marks and no fingerprint.
 pub async fn write_all<W: AsyncWrite + Unpin>(
     store: &dyn Store,
     out: &mut W,
     from_day: i64,
+    hours_from_day: i64,
     progress: &indicatif::ProgressBar,
 ) -> Result<Exported, String> {
     let what = Export {
         from_day,
+        hours_from_day,
         marks: true,
         fingerprint: None,
         tenant: crate::tenant::DEFAULT_TENANT.into(),
@@ -128,7 +137,7 @@ pub async fn write<W: AsyncWrite + Unpin>(
     let mut after: Option<CounterKey> = None;
     loop {
         let page = store
-            .counter_page(after.clone(), PAGE, from_day)
+            .counter_page(after.clone(), PAGE, from_day, what.hours_from_day)
             .await
             .map_err(|e| format!("reading counters failed: {e}"))?;
         let mut text = String::with_capacity(page.len() * 256);
@@ -136,6 +145,7 @@ pub async fn write<W: AsyncWrite + Unpin>(
             text.push_str(&format::counter_line(c));
             done.counters += 1;
             done.days += c.days.len() as u64;
+            done.hours += c.hours.len() as u64;
         }
         out.write_all(text.as_bytes()).await.map_err(io)?;
         progress.inc(page.len() as u64);

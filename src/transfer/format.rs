@@ -1,13 +1,13 @@
-//! The NDJSON format of `export` and `import`, version 3: one JSON object a
+//! The NDJSON format of `export` and `import`, version 5: one JSON object a
 //! line, its kind in `kind`; the first line is the header. What each record
 //! means when imported is in src/transfer/README.md ("Export and import"); this file
 //! writes records and turns a line into what a store sets, or into the
 //! reason it is refused.
 //!
 //! ```text
-//! {"kind":"header","format":"counter-gateway","version":3}
+//! {"kind":"header","format":"counter-gateway","version":5}
 //! {"kind":"actor_secret","fingerprint":"3f2a9c0e1b7d4a55","keyed_for":"default"}
-//! {"kind":"counter","entity":"ARTICLE","action":"VIEW","uuid":"a1","value":1023,"before":23,"category":"news","first_timestamp":"...","recorded_timestamp":"...","days":{"2026-11-02":120,...}}
+//! {"kind":"counter","entity":"ARTICLE","action":"VIEW","uuid":"a1","value":1023,"before":23,"category":"news","first_timestamp":"...","recorded_timestamp":"...","days":{"2026-11-02":120,...,"2026-11-30":8},"hours":{"2026-11-30T09":5,"2026-11-30T10":3}}
 //! {"kind":"average","entity":"ARTICLE","action":"rating","uuid":"a1","sum":40,"quantity":10,"before_sum":0,"before_quantity":0,...,"days":{"2026-11-02":{"sum":9,"quantity":2}}}
 //! {"kind":"day","entity":"ARTICLE","action":"VIEW","uuid":"a2","day":"2026-11-03","value":8,"category":"news"}
 //! {"kind":"published","entity":"ARTICLE","uuid":"a1","published":"2026-11-20T08:30:00.000Z"}
@@ -42,6 +42,22 @@
 //! never the key), so a namespace moved to another store keeps its admin
 //! key and its keys their bounds. Earlier versions are read as they were;
 //! a version 3 reader refuses a version 4 file at its header, as above.
+//!
+//! Version 5 added `hours` to `counter` records: the counter's hour
+//! buckets (`YYYY-MM-DDTHH`, UTC) of its listed days inside the hourly
+//! retention, so that hour answers (`bucket=hour`, `tz=`, `last_hour`,
+//! trending) over the moved days stay true. A record with `hours` gives
+//! the whole hours of each of its days from the importing side's hourly
+//! retention on: a day's hours not listed are none, and what the day holds
+//! beyond its hours is its rest (a backfilled day's, or a day whose hours
+//! the exporting store did not keep), which makes hour answers over it say
+//! `exact: false`, as on the exporting store. A record without `hours` (any
+//! file of version 4 or older) sets its days with their hours unknown, as
+//! before: hour answers over them say `exact: false`. Every hour must lie
+//! in a day the record lists; hours of days before the hourly retention
+//! are left out (the store would delete them). A version 4 reader refuses
+//! a version 5 file at its header, as above, rather than importing its
+//! counters without their hours.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -59,16 +75,16 @@ use crate::domain::{
 };
 use crate::store::{
     ActorMark, AverageBucket, AverageHistory, AverageImport, Bucket, CounterHistory, CounterImport,
-    MarkState, TargetPublished,
+    HourBucket, ImportHours, MarkState, TargetPublished,
 };
 
 /// The `format` of the header line.
 pub const FORMAT: &str = "counter-gateway";
 /// The version this build writes.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 /// The versions this build reads.
-pub const READS: [u32; 4] = [1, 2, 3, 4];
+pub const READS: [u32; 5] = [1, 2, 3, 4, 5];
 
 /// The header line, with its newline.
 pub fn header_line() -> String {
@@ -194,6 +210,43 @@ impl<T: Serialize> Serialize for DaysOut<'_, T> {
     }
 }
 
+/// `2026-11-30T09`: an hour as a record names it (UTC; the form of the
+/// hour documents' ids on Elasticsearch).
+pub fn format_hour_key(hour: i64) -> String {
+    chrono::DateTime::<Utc>::from_timestamp(hour.saturating_mul(3_600), 0)
+        .map(|t| t.format("%Y-%m-%dT%H").to_string())
+        .unwrap_or_default()
+}
+
+/// The hour a record's key names: `YYYY-MM-DDTHH`, nothing else.
+fn parse_hour_key(raw: &str) -> Result<i64, String> {
+    let bad = || format!("hour {raw:?} is not an hour in the form YYYY-MM-DDTHH (UTC)");
+    let (day, hh) = raw.split_once('T').ok_or_else(bad)?;
+    let day = parse_day(day).map_err(|_| bad())?;
+    if hh.len() != 2 || !hh.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let hh: i64 = hh.parse().map_err(|_| bad())?;
+    if hh > 23 {
+        return Err(bad());
+    }
+    Ok(day * 24 + hh)
+}
+
+/// Hour buckets written as an object `{"YYYY-MM-DDTHH": v, ...}` in hour order.
+struct HoursOut<'a>(&'a [HourBucket]);
+
+impl Serialize for HoursOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for h in self.0 {
+            m.serialize_entry(&format_hour_key(h.hour), &h.value)?;
+        }
+        m.end()
+    }
+}
+
 #[derive(Serialize)]
 struct SumQuantity {
     sum: i64,
@@ -213,6 +266,7 @@ struct CounterOut<'a> {
     first_timestamp: String,
     recorded_timestamp: String,
     days: DaysOut<'a, i64>,
+    hours: HoursOut<'a>,
 }
 
 #[derive(Serialize)]
@@ -233,9 +287,21 @@ struct AverageOut<'a> {
 }
 
 /// The line of a counter (with its newline). `before` is the part of its
-/// value that no listed day holds (days past the retention).
+/// value that no listed day holds (days past the retention). `hours` is
+/// always written (empty when none), so the record says its hours are
+/// given: their absence would mean they are unknown.
 pub fn counter_line(c: &CounterHistory) -> String {
     let days: Vec<(i64, i64)> = c.days.iter().map(|b| (b.day, b.value)).collect();
+    // An hour of a day not listed would be refused by the import (a day's
+    // hours sum into it); no store keeps one, as an hour's increment makes
+    // its day's bucket too.
+    let named: HashSet<i64> = days.iter().map(|(d, _)| *d).collect();
+    let hours: Vec<HourBucket> = c
+        .hours
+        .iter()
+        .filter(|h| named.contains(&h.hour.div_euclid(24)))
+        .copied()
+        .collect();
     let listed: i128 = days.iter().map(|(_, v)| i128::from(*v)).sum();
     let k = &c.counter.key;
     let out = CounterOut {
@@ -249,6 +315,7 @@ pub fn counter_line(c: &CounterHistory) -> String {
         first_timestamp: format_ms(c.counter.first_ms),
         recorded_timestamp: format_ms(c.counter.recorded_ms),
         days: DaysOut(&days),
+        hours: HoursOut(&hours),
     };
     line(&out)
 }
@@ -311,9 +378,7 @@ impl<'de> Deserialize<'de> for DaysIn {
                 let mut out = Vec::new();
                 while let Some((day, v)) = map.next_entry::<String, Value>()? {
                     if !seen.insert(day.clone()) {
-                        return Err(serde::de::Error::custom(format!(
-                            "day {day} is named twice"
-                        )));
+                        return Err(serde::de::Error::custom(format!("{day} is named twice")));
                     }
                     out.push((day, v));
                 }
@@ -347,6 +412,7 @@ struct Fields {
     recorded_timestamp: Option<String>,
     day: Option<String>,
     days: Option<DaysIn>,
+    hours: Option<DaysIn>,
     scope: Option<String>,
     mark: Option<String>,
     state: Option<String>,
@@ -384,6 +450,7 @@ impl Fields {
             ("recorded_timestamp", self.recorded_timestamp.is_some()),
             ("day", self.day.is_some()),
             ("days", self.days.is_some()),
+            ("hours", self.hours.is_some()),
             ("scope", self.scope.is_some()),
             ("mark", self.mark.is_some()),
             ("state", self.state.is_some()),
@@ -454,6 +521,12 @@ impl Rules {
     /// tomorrow's first events, imports at once).
     fn newest_day(&self) -> i64 {
         day_of(self.now + self.policy.max_skew)
+    }
+
+    /// The first day whose hours the hourly retention keeps (the hours of
+    /// older days are left out of an import: the store would delete them).
+    pub fn oldest_hour_day(&self) -> i64 {
+        day_of(self.now) - i64::from(self.policy.hourly_retention_days)
     }
 
     fn latest_ms(&self) -> i64 {
@@ -806,10 +879,12 @@ fn counter(f: Fields, rules: &Rules) -> Result<CounterImport, String> {
         "first_timestamp",
         "recorded_timestamp",
         "days",
+        "hours",
     ])?;
     let key = key(&f)?;
     let category = category(&f)?;
     let (kept, old) = days(&f, rules, Value::as_i64, "a signed 64-bit integer")?;
+    let hours = hours(&f, &kept, &old, rules)?;
     let sum = |d: &[(i64, i64)]| d.iter().map(|(_, v)| i128::from(*v)).sum::<i128>();
     let all = sum(&kept) + sum(&old);
     let before = before(f.before, f.value, all, "before", "value")?;
@@ -826,7 +901,43 @@ fn counter(f: Fields, rules: &Rules) -> Result<CounterImport, String> {
         category,
         first_ms,
         recorded_ms,
+        hours,
     })
+}
+
+/// The hours of a counter record, when it has them: each of a day the
+/// record lists, values signed 64-bit; those of days before the hourly
+/// retention are left out.
+fn hours(
+    f: &Fields,
+    kept: &[(i64, i64)],
+    old: &[(i64, i64)],
+    rules: &Rules,
+) -> Result<Option<ImportHours>, String> {
+    let Some(raw) = &f.hours else {
+        return Ok(None);
+    };
+    let from_day = rules.oldest_hour_day();
+    let listed: HashSet<i64> = kept.iter().chain(old).map(|(d, _)| *d).collect();
+    let mut buckets = Vec::new();
+    for (key, v) in &raw.0 {
+        let hour = parse_hour_key(key).map_err(|e| format!("hours: {e}"))?;
+        let day = hour.div_euclid(24);
+        if !listed.contains(&day) {
+            return Err(format!(
+                "hours: hour {key} lies in day {}, which `days` does not list (a day's hours sum into its day bucket)",
+                format_day(day)
+            ));
+        }
+        let value = v
+            .as_i64()
+            .ok_or_else(|| format!("hours.{key}: expected a signed 64-bit integer"))?;
+        if day >= from_day {
+            buckets.push(HourBucket { hour, value });
+        }
+    }
+    buckets.sort_by_key(|h| h.hour);
+    Ok(Some(ImportHours { from_day, buckets }))
 }
 
 fn average(f: Fields, rules: &Rules) -> Result<AverageImport, String> {
@@ -948,6 +1059,16 @@ mod tests {
                     value: 8,
                 },
             ],
+            hours: vec![
+                HourBucket {
+                    hour: today() * 24 + 9,
+                    value: 5,
+                },
+                HourBucket {
+                    hour: today() * 24 + 11,
+                    value: 2,
+                },
+            ],
         }
     }
 
@@ -972,11 +1093,33 @@ mod tests {
         );
         assert_eq!(c.category.as_deref(), Some("news"));
         assert_eq!(
+            c.hours,
+            Some(ImportHours {
+                from_day: today() - 14,
+                buckets: h.hours.clone(),
+            })
+        );
+        assert!(
+            line.ends_with(
+                r#""hours":{"2028-02-29T09":5,"2028-02-29T11":2}}
+"#
+            ),
+            "{line}"
+        );
+        assert_eq!(
             header_line(),
-            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":4}\n"
+            "{\"kind\":\"header\",\"format\":\"counter-gateway\",\"version\":5}\n"
         );
         assert_eq!(
             parse(header_line().trim_end(), &rules()),
+            Ok(Record::Header(5))
+        );
+        // Version 4 files (no hours) are read as they were.
+        assert_eq!(
+            parse(
+                r#"{"kind":"header","format":"counter-gateway","version":4}"#,
+                &rules()
+            ),
             Ok(Record::Header(4))
         );
         // Version 2 files (no publication times) are read as they were.
@@ -1089,8 +1232,8 @@ mod tests {
                 "quantity",
             ),
             (
-                r#"{"kind":"header","format":"counter-gateway","version":5}"#,
-                "versions 1 to 4",
+                r#"{"kind":"header","format":"counter-gateway","version":6}"#,
+                "versions 1 to 5",
             ),
             (
                 r#"{"kind":"day","entity":"E","action":"A","uuid":"u","day":"2026-01-01","value":1}"#,
@@ -1104,6 +1247,94 @@ mod tests {
             r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u","value":1,"days":{{"{today}":1,"{today}":1}}}}"#
         );
         assert!(parse(&twice, &rules()).unwrap_err().contains("named twice"));
+    }
+
+    #[test]
+    fn a_counters_hours_are_written_whatever_the_order_of_its_days() {
+        let mut h = history();
+        h.days.reverse();
+        h.hours.push(HourBucket {
+            hour: (today() - 1) * 24,
+            value: 4,
+        });
+        let line = counter_line(&h);
+        // Those of a listed day, in hour order; none of a day not listed.
+        assert!(
+            line.ends_with(
+                r#""hours":{"2028-02-29T09":5,"2028-02-29T11":2}}
+"#
+            ),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn hours_are_given_or_unknown_and_bad_ones_say_why() {
+        let (d1, d2) = (format_day(today() - 20), format_day(today()));
+        let rec = |hours: &str| {
+            format!(
+                r#"{{"kind":"counter","entity":"E","action":"A","uuid":"u","value":30,"days":{{"{d1}":10,"{d2}":20}}{hours}}}"#
+            )
+        };
+        let get = |hours: &str| match parse(&rec(hours), &rules()) {
+            Ok(Record::Counter(c)) => Ok(c.hours),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e),
+        };
+        // A record of version 4 or older: hours unknown.
+        assert_eq!(get(""), Ok(None));
+        // Given: in hour order; those of a day before the hourly retention
+        // (14 days) left out, its day still set.
+        assert_eq!(
+            get(&format!(
+                r#","hours":{{"{d2}T23":4,"{d1}T05":10,"{d2}T00":16}}"#
+            )),
+            Ok(Some(ImportHours {
+                from_day: today() - 14,
+                buckets: vec![
+                    HourBucket {
+                        hour: today() * 24,
+                        value: 16
+                    },
+                    HourBucket {
+                        hour: today() * 24 + 23,
+                        value: 4
+                    },
+                ],
+            }))
+        );
+        assert_eq!(
+            get(r#","hours":{}"#).unwrap().unwrap().buckets,
+            Vec::<HourBucket>::new()
+        );
+        let other = format_day(today() - 1);
+        for (hours, why) in [
+            (format!(r#","hours":{{"{other}T05":1}}"#), "does not list"),
+            (format!(r#","hours":{{"{d2}T24":1}}"#), "YYYY-MM-DDTHH"),
+            (format!(r#","hours":{{"{d2}T5":1}}"#), "YYYY-MM-DDTHH"),
+            (format!(r#","hours":{{"{d2}":1}}"#), "YYYY-MM-DDTHH"),
+            (format!(r#","hours":{{"{d2}T05":1.5}}"#), "64-bit"),
+            (
+                format!(r#","hours":{{"{d2}T05":1,"{d2}T05":2}}"#),
+                "named twice",
+            ),
+            (r#","hours":[1]"#.to_string(), "an object"),
+        ] {
+            let e = get(&hours).unwrap_err();
+            assert!(e.contains(why), "{hours}: {e}");
+        }
+        // Hours belong to counters only.
+        let e = parse(
+            &format!(
+                r#"{{"kind":"average","entity":"E","action":"A","uuid":"u","sum":1,"quantity":1,"hours":{{"{d2}T05":1}}}}"#
+            ),
+            &rules(),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("field `hours` is not part of a average record"),
+            "{e}"
+        );
     }
 
     #[test]

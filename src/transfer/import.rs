@@ -98,6 +98,8 @@ pub struct Imported {
     pub day_records: u64,
     /// Day buckets set: those of counters and averages, and day records.
     pub days: u64,
+    /// Hour buckets set with counters' days.
+    pub hours: u64,
     /// Lines written to `--skip-bad`.
     pub bad: u64,
     /// Lines skipped as already applied (checkpoint, `--from-line`).
@@ -112,6 +114,12 @@ pub struct Imported {
     pub published: u64,
     /// CountAPI keys (with their namespaces' records) set.
     pub countapi: u64,
+}
+
+/// The buckets a counter record sets: its days and its hours, which count
+/// against the batch's bound alike (each is a row, or a document, written).
+fn buckets_of(c: &crate::store::CounterImport) -> usize {
+    c.days.len() + c.hours.as_ref().map_or(0, |h| h.buckets.len())
 }
 
 /// The batch being gathered, with the line each entry came from.
@@ -175,7 +183,7 @@ impl Pending {
         }
         match r {
             Record::Counter(c) => {
-                self.days += c.days.len();
+                self.days += buckets_of(&c);
                 self.with_record.insert(c.key.clone());
                 self.batch.counters.push(c);
                 self.counter_lines.push((line, raw));
@@ -221,7 +229,7 @@ impl Pending {
     fn remove(&mut self, entry: ImportEntry) -> (u64, String) {
         match entry {
             ImportEntry::Counter(i) => {
-                self.days -= self.batch.counters.remove(i).days.len();
+                self.days -= buckets_of(&self.batch.counters.remove(i));
                 self.counter_lines.remove(i)
             }
             ImportEntry::Average(i) => {
@@ -447,7 +455,14 @@ impl Run<'_> {
         self.done.marks += p.mark_lines.len() as u64;
         self.done.published += p.published_lines.len() as u64;
         self.done.countapi += p.countapi_lines.len() as u64;
-        self.done.days += p.days as u64;
+        let hours: usize = p
+            .batch
+            .counters
+            .iter()
+            .map(|c| c.hours.as_ref().map_or(0, |h| h.buckets.len()))
+            .sum();
+        self.done.days += (p.days - hours) as u64;
+        self.done.hours += hours as u64;
         self.applied = last_line;
         if let Some(c) = &self.options.checkpoint {
             write_checkpoint(c, &self.options.input_name, last_line)?;
@@ -704,7 +719,7 @@ pub async fn read_all<R: AsyncBufRead + Unpin>(
                 .ok_or("bringing marks to the tenant without a secret")?;
         }
         let days = match &record {
-            Record::Counter(c) => c.days.len(),
+            Record::Counter(c) => buckets_of(c),
             Record::Average(a) => a.days.len(),
             _ => 1,
         };

@@ -117,6 +117,29 @@ fn day_differences<T: PartialEq + std::fmt::Debug + Copy>(
     ))
 }
 
+/// The first hour two hour lists (in hour order) disagree on, and how many do.
+fn hour_differences(a: &[(i64, i64)], b: &[(i64, i64)]) -> Option<String> {
+    let mut all: Vec<i64> = a.iter().chain(b).map(|(h, _)| *h).collect();
+    all.sort_unstable();
+    all.dedup();
+    let get =
+        |l: &[(i64, i64)], h: i64| l.binary_search_by_key(&h, |(x, _)| *x).ok().map(|i| l[i].1);
+    let differing: Vec<(i64, Option<i64>, Option<i64>)> = all
+        .into_iter()
+        .map(|h| (h, get(a, h), get(b, h)))
+        .filter(|(_, x, y)| x != y)
+        .collect();
+    let (hour, x, y) = differing.first()?;
+    let show = |v: &Option<i64>| v.map_or("none".to_string(), |v| v.to_string());
+    Some(format!(
+        "{} hour(s) differ, first {}: {} in the embedded store, {} in the cluster",
+        differing.len(),
+        crate::domain::hours::format_hour(*hour),
+        show(x),
+        show(y)
+    ))
+}
+
 fn compare_counters(v: &mut Verified, a: &CounterHistory, b: &CounterHistory) {
     let key = key_text(&a.counter.key);
     if a.counter.value != b.counter.value {
@@ -135,6 +158,15 @@ fn compare_counters(v: &mut Verified, a: &CounterHistory, b: &CounterHistory) {
     }
     let days = |h: &CounterHistory| h.days.iter().map(|d| (d.day, d.value)).collect::<Vec<_>>();
     if let Some(d) = day_differences(&days(a), &days(b)) {
+        v.differ(format!("counter {key}: {d}"));
+    }
+    let hours = |h: &CounterHistory| {
+        h.hours
+            .iter()
+            .map(|x| (x.hour, x.value))
+            .collect::<Vec<_>>()
+    };
+    if let Some(d) = hour_differences(&hours(a), &hours(b)) {
         v.differ(format!("counter {key}: {d}"));
     }
     if a.counter.category != b.counter.category
@@ -208,17 +240,34 @@ fn state_text(s: MarkState) -> String {
 /// compares each counter, average, publication time, CountAPI record and
 /// mark of `from`
 /// with the cluster's.
-pub async fn verify(from: &dyn Store, to: &dyn Store, from_day: i64) -> Result<Verified, String> {
-    verify_with(from, to, from_day, true).await
+pub async fn verify(
+    from: &dyn Store,
+    to: &dyn Store,
+    rules: &format::Rules,
+) -> Result<Verified, String> {
+    verify_with(from, to, rules, true).await
+}
+
+/// From where [`verify`] reads: days from `days` on, hours of the days from
+/// `hours` on (the retention's and the hourly retention's first days, as
+/// the copy wrote them).
+#[derive(Clone, Copy, Debug)]
+struct Since {
+    days: i64,
+    hours: i64,
 }
 
 /// [`verify`], marks compared only when `marks`.
 pub async fn verify_with(
     from: &dyn Store,
     to: &dyn Store,
-    from_day: i64,
+    rules: &format::Rules,
     marks: bool,
 ) -> Result<Verified, String> {
+    let from_day = Since {
+        days: rules.oldest_day(),
+        hours: rules.oldest_hour_day(),
+    };
     let mut v = Verified::default();
     walk::<CounterHistory>(&mut v, from, to, from_day).await?;
     walk::<AverageHistory>(&mut v, from, to, from_day).await?;
@@ -242,7 +291,7 @@ trait Listed: Sized {
     async fn page(
         store: &dyn Store,
         after: Option<Self::Cursor>,
-        from_day: i64,
+        from_day: Since,
     ) -> Result<Vec<Self>, StoreError>;
     fn order(&self) -> Self::Order;
     fn cursor(&self) -> Self::Cursor;
@@ -260,9 +309,11 @@ impl Listed for CounterHistory {
     async fn page(
         store: &dyn Store,
         after: Option<CounterKey>,
-        from_day: i64,
+        from_day: Since,
     ) -> Result<Vec<Self>, StoreError> {
-        store.counter_page(after, Self::PAGE, from_day).await
+        store
+            .counter_page(after, Self::PAGE, from_day.days, from_day.hours)
+            .await
     }
     fn order(&self) -> Self::Order {
         key_order(&self.counter.key)
@@ -286,9 +337,9 @@ impl Listed for AverageHistory {
     async fn page(
         store: &dyn Store,
         after: Option<CounterKey>,
-        from_day: i64,
+        from_day: Since,
     ) -> Result<Vec<Self>, StoreError> {
-        store.average_page(after, Self::PAGE, from_day).await
+        store.average_page(after, Self::PAGE, from_day.days).await
     }
     fn order(&self) -> Self::Order {
         key_order(&self.key)
@@ -312,9 +363,9 @@ impl Listed for ActorMark {
     async fn page(
         store: &dyn Store,
         after: Option<ActorMark>,
-        from_day: i64,
+        from_day: Since,
     ) -> Result<Vec<Self>, StoreError> {
-        store.mark_page(after, Self::PAGE, from_day).await
+        store.mark_page(after, Self::PAGE, from_day.days).await
     }
     fn order(&self) -> Self::Order {
         ActorMark::order(self)
@@ -346,7 +397,7 @@ impl Listed for KeyRecord {
     async fn page(
         store: &dyn Store,
         after: Option<(String, String)>,
-        _from_day: i64,
+        _from_day: Since,
     ) -> Result<Vec<Self>, StoreError> {
         store.countapi_page(after, Self::PAGE).await
     }
@@ -387,7 +438,7 @@ impl Listed for TargetPublished {
     async fn page(
         store: &dyn Store,
         after: Option<(String, String)>,
-        _from_day: i64,
+        _from_day: Since,
     ) -> Result<Vec<Self>, StoreError> {
         store.published_page(after, Self::PAGE).await
     }
@@ -429,7 +480,7 @@ impl<T: Listed> Pages<T> {
     }
 
     /// Reads the next page once the last one is used up.
-    async fn fill(&mut self, store: &dyn Store, from_day: i64) -> Result<(), String> {
+    async fn fill(&mut self, store: &dyn Store, from_day: Since) -> Result<(), String> {
         if !self.ahead.is_empty() || self.end {
             return Ok(());
         }
@@ -458,7 +509,7 @@ async fn walk<T: Listed>(
     v: &mut Verified,
     from: &dyn Store,
     to: &dyn Store,
-    from_day: i64,
+    from_day: Since,
 ) -> Result<(), String> {
     let (mut a, mut b) = (Pages::<T>::new(), Pages::<T>::new());
     loop {
@@ -518,6 +569,7 @@ pub async fn copy(
     let hidden = indicatif::ProgressBar::hidden();
     let what = export::Export {
         from_day: rules.oldest_day(),
+        hours_from_day: rules.oldest_hour_day(),
         marks: marks.marks,
         fingerprint: marks.fingerprint.clone(),
         tenant: marks.tenant.clone(),
@@ -725,12 +777,13 @@ pub async fn run_with(
             format!("tenant {tenant}: {e}\nnothing is lost: the embedded store is untouched; run migrate again (it sets, so what was copied is set to the same values again)")
         })?;
         done.marks += copied.marks;
-        let v = verify_with(&from, &*to, rules.oldest_day(), marks).await?;
+        let v = verify_with(&from, &*to, &rules, marks).await?;
         eprintln!(
-            "tenant {tenant}: copied {} counters and {} averages ({} day buckets), {} publication times, {} CountAPI keys and {} marks of actors in {:.1} s; verified {} of them: {}",
+            "tenant {tenant}: copied {} counters and {} averages ({} day buckets, {} hour buckets), {} publication times, {} CountAPI keys and {} marks of actors in {:.1} s; verified {} of them: {}",
             copied.counters,
             copied.averages,
             copied.days,
+            copied.hours,
             copied.published,
             copied.countapi,
             copied.marks,

@@ -275,6 +275,7 @@ pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
     };
     let what = export::Export {
         from_day: rules.oldest_day(),
+        hours_from_day: rules.oldest_hour_day(),
         marks,
         fingerprint,
         tenant: args.tenant.clone(),
@@ -310,10 +311,11 @@ pub async fn run_export(args: ExportArgs, clock: Clock) -> Result<(), String> {
     };
     bar.finish_and_clear();
     eprintln!(
-        "exported {} counters and {} averages with {} day buckets, {} publication times, {} CountAPI keys and {} marks of actors ({} lines) of tenant {} to {} in {:.1} s",
+        "exported {} counters and {} averages with {} day buckets and {} hour buckets, {} publication times, {} CountAPI keys and {} marks of actors ({} lines) of tenant {} to {} in {:.1} s",
         done.counters,
         done.averages,
         done.days,
+        done.hours,
         done.published,
         done.countapi,
         done.marks,
@@ -388,11 +390,12 @@ pub async fn run_import(args: ImportArgs, clock: Clock) -> Result<(), String> {
     bar.finish_and_clear();
     let done = done?;
     eprintln!(
-        "imported {} counters, {} averages, {} day records ({} day buckets set), {} publication times, {} CountAPI keys and {} marks of actors into tenant {} from {} in {:.1} s{}{}{}",
+        "imported {} counters, {} averages, {} day records ({} day buckets and {} hour buckets set), {} publication times, {} CountAPI keys and {} marks of actors into tenant {} from {} in {:.1} s{}{}{}",
         done.counters,
         done.averages,
         done.day_records,
         done.days,
+        done.hours,
         done.published,
         done.countapi,
         done.marks,

@@ -643,11 +643,14 @@ macro_rules! store_wrapper {
                 after: Option<counter_gateway::domain::CounterKey>,
                 limit: usize,
                 from_day: i64,
+                hours_from_day: i64,
             ) -> Result<
                 Vec<counter_gateway::store::CounterHistory>,
                 counter_gateway::store::StoreError,
             > {
-                self.inner.counter_page(after, limit, from_day).await
+                self.inner
+                    .counter_page(after, limit, from_day, hours_from_day)
+                    .await
             }
             async fn average_page(
                 &self,

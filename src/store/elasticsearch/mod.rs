@@ -34,8 +34,12 @@
 //! `terms` aggregation (a list) over the range's hour indices, exact as the
 //! windowed lists are (see `query`). A backfilled day has no hour: answers
 //! over it say `exact: false` (the counter's `set_days`; a list checks its
-//! listed counters only), and so does a day an import set (marked there
-//! too). `export`, `import` and `migrate` carry no hours yet.
+//! listed counters only), and so does a day an import set without its
+//! hours (a file of format 4 or older; marked there too). A day imported
+//! with its hours (format 5) has its hour documents set whole (`index`,
+//! keeping the event ids they remember; those the file does not list
+//! deleted) and is marked only when its hours do not sum to it
+//! (`transfer.rs`).
 //!
 //! # What is and is not atomic here
 //!
@@ -331,8 +335,10 @@ impl Store for ElasticsearchStore {
         after: Option<CounterKey>,
         limit: usize,
         from_day: i64,
+        hours_from_day: i64,
     ) -> Result<Vec<CounterHistory>, StoreError> {
-        self.counter_page_es(after, limit, from_day).await
+        self.counter_page_es(after, limit, from_day, hours_from_day)
+            .await
     }
 
     async fn average_page(

@@ -21,10 +21,20 @@
 //! a bucket that names a set its counter had not applied yet (a backfill
 //! cut short) counts as applied, since the total is computed from the buckets.
 //!
+//! Hours (format 5): the hour documents of a day a record sets with its
+//! hours are written whole with `index`, unconditionally (they follow their
+//! day, whose write is conditional: a conflict there writes them again),
+//! keeping the event ids and bulk names they remember; those of that day
+//! the record does not list are deleted. The counter's `set_days` marks
+//! the day (hour answers not exact) only when its hours do not sum to it.
+//!
 //! Left open (two documents, no transaction): an increment whose counter
 //! update lands before the import reads the counter and whose bucket update
 //! lands after it searched the buckets is in the bucket but not in the total
-//! the import writes. Import with no gateway writing the counters it names.
+//! the import writes; likewise one whose day bucket update the import
+//! replaced and whose hour update lands after the hour's write is in the
+//! hour and not in the day. Import with no gateway writing the counters it
+//! names.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -32,13 +42,13 @@ use std::time::Duration;
 use elasticsearch::http::Method;
 use serde_json::{json, Map, Value};
 
-use super::request::bucket_doc_id;
+use super::request::{bucket_doc_id, hour_doc_id};
 use super::response::{self, ItemClass};
 use super::ElasticsearchStore;
 use crate::domain::{Counter, CounterKey};
 use crate::store::{
     AverageBucket, AverageHistory, AverageImport, Bucket, CounterHistory, CounterImport, DaySet,
-    DaysOutcome, ImportBatch, ImportEntry, ImportOutcome, StoreError,
+    DaysOutcome, HourBucket, ImportBatch, ImportEntry, ImportOutcome, StoreError,
 };
 
 /// Hits per search page: Elasticsearch's default result window.
@@ -68,6 +78,20 @@ struct Item {
     routing: Option<String>,
     version: Option<(i64, i64)>,
     source: Value,
+    /// How it is written when not by the version read: an hour document
+    /// is set whole or deleted whatever was there (see [`Self::hour_items`]).
+    plain: Option<Plain>,
+}
+
+/// An hour document already stored: its hour and what it keeps of it
+/// (the event ids and bulk names it remembers).
+type StoredHour = (i64, Map<String, Value>);
+
+/// A write that is not conditional on a version.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Plain {
+    Index,
+    Delete,
 }
 
 /// What a day is stored as: epoch milliseconds of its start.
@@ -126,6 +150,38 @@ impl ElasticsearchStore {
         fields: &[&str],
         mut each: impl FnMut(&str, i64, &Value),
     ) -> Result<(), StoreError> {
+        self.documents_of(pattern, ids, from_day, fields, |id, ms, source| {
+            each(id, ms.div_euclid(86_400_000), source)
+        })
+        .await
+    }
+
+    /// [`Self::buckets_of`] for hour documents: each handed over with its
+    /// hour (hours since the epoch).
+    async fn hours_of(
+        &self,
+        ids: &[String],
+        from_day: i64,
+        mut each: impl FnMut(&str, i64, &Value),
+    ) -> Result<(), StoreError> {
+        let pattern = self.config.names.hours_pattern();
+        self.documents_of(&pattern, ids, from_day, &["value"], |id, ms, source| {
+            each(id, ms.div_euclid(crate::domain::hours::HOUR_MS), source)
+        })
+        .await
+    }
+
+    /// Every document of `ids` in `pattern` whose `day` is from `from_day`
+    /// on, by counter id then `day`, each handed to `each` as (counter id,
+    /// `day` in epoch milliseconds, source).
+    async fn documents_of(
+        &self,
+        pattern: &str,
+        ids: &[String],
+        from_day: i64,
+        fields: &[&str],
+        mut each: impl FnMut(&str, i64, &Value),
+    ) -> Result<(), StoreError> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -158,11 +214,7 @@ impl ElasticsearchStore {
                         "a bucket hit lacks its sort values".into(),
                     ));
                 };
-                each(
-                    id,
-                    ms.div_euclid(86_400_000),
-                    h.get("_source").unwrap_or(&Value::Null),
-                );
+                each(id, ms, h.get("_source").unwrap_or(&Value::Null));
             }
             if page.len() < SEARCH_PAGE {
                 return Ok(());
@@ -176,6 +228,7 @@ impl ElasticsearchStore {
         after: Option<CounterKey>,
         limit: usize,
         from_day: i64,
+        hours_from_day: i64,
     ) -> Result<Vec<CounterHistory>, StoreError> {
         let names = &self.config.names;
         if after.is_none() {
@@ -216,12 +269,19 @@ impl ElasticsearchStore {
             },
         )
         .await?;
+        let mut hours: HashMap<String, Vec<HourBucket>> = HashMap::new();
+        self.hours_of(&ids, hours_from_day.max(from_day), |id, hour, source| {
+            let value = int(source.get("value")).unwrap_or(0);
+            days_of(&mut hours, id).push(HourBucket { hour, value });
+        })
+        .await?;
         Ok(counters
             .into_iter()
             .zip(ids)
             .map(|(counter, id)| CounterHistory {
                 counter,
                 days: days.remove(&id).unwrap_or_default(),
+                hours: hours.remove(&id).unwrap_or_default(),
             })
             .collect())
     }
@@ -439,6 +499,44 @@ impl ElasticsearchStore {
             .await?;
         }
         let hourly_from = self.clock.today() - i64::from(self.config.hourly_retention_days);
+        // The hour documents of counters that exist and whose record gives
+        // hours: those of the days it sets are replaced or deleted. Each
+        // keeps what it remembers (event ids, bulk names), so a retried
+        // event is still counted once in the hour as in the day.
+        let with_hours: Vec<String> = which
+            .iter()
+            .zip(&read)
+            .filter(|(&i, (c, _))| c.version.is_some() && counters[i].hours.is_some())
+            .map(|(&i, _)| counters[i].key.doc_id())
+            .collect();
+        let mut old_hours: HashMap<String, Vec<StoredHour>> = HashMap::new();
+        if !with_hours.is_empty() {
+            // Only those of the days the records set are held (as many as
+            // the batch's buckets, at most 24 a day), whatever else is stored.
+            let named: std::collections::HashSet<(String, i64)> = which
+                .iter()
+                .flat_map(|&i| {
+                    let c = &counters[i];
+                    c.days.iter().map(move |b| (c.key.doc_id(), b.day))
+                })
+                .collect();
+            let pattern = names.hours_pattern();
+            self.refresh_tenant(&pattern).await?;
+            self.documents_of(
+                &pattern,
+                &with_hours,
+                hourly_from,
+                &["event_ids", "applied_ops"],
+                |id, ms, source| {
+                    let hour = ms.div_euclid(crate::domain::hours::HOUR_MS);
+                    if named.contains(&(id.to_string(), hour.div_euclid(24))) {
+                        let kept = source.as_object().cloned().unwrap_or_default();
+                        days_of(&mut old_hours, id).push((hour, kept));
+                    }
+                },
+            )
+            .await?;
+        }
         let mut out = Vec::with_capacity(which.len());
         for (&i, (counter, buckets)) in which.iter().zip(read) {
             let c = &counters[i];
@@ -462,11 +560,26 @@ impl ElasticsearchStore {
                     set_days.insert(crate::domain::format_day(day), json!(id));
                 }
             }
-            // The days this record sets have no hours behind them: marked as a
-            // backfilled day is, so hour answers over them say `exact: false`
+            // A day set with its hours (format 5) is exact when they sum to
+            // it; one set without them (an older file), or whose hours do not
+            // sum to it (a backfilled day where it came from), is marked as a
+            // backfilled day is, so hour answers over it say `exact: false`
             // (days before the hourly retention hold no hours to compare).
+            let given = |day: i64| c.hours.as_ref().filter(|h| h.covers(day));
             for b in c.days.iter().filter(|b| b.day >= hourly_from) {
-                set_days.insert(crate::domain::format_day(b.day), json!(IMPORTED));
+                let name = crate::domain::format_day(b.day);
+                let whole = given(b.day).is_some_and(|h| {
+                    h.of_day(b.day)
+                        .iter()
+                        .map(|x| i128::from(x.value))
+                        .sum::<i128>()
+                        == i128::from(b.value)
+                });
+                if whole {
+                    set_days.remove(&name);
+                } else {
+                    set_days.insert(name, json!(IMPORTED));
+                }
             }
             let Ok(total) = i64::try_from(total) else {
                 return Ok(Err(i));
@@ -498,6 +611,7 @@ impl ElasticsearchStore {
                 routing: None,
                 version: counter.version,
                 source: Value::Object(s),
+                plain: None,
             }];
             for (b, doc) in c.days.iter().zip(buckets) {
                 let mut s = doc.source;
@@ -516,7 +630,47 @@ impl ElasticsearchStore {
                     routing: Some(cid.clone()),
                     version: doc.version,
                     source: Value::Object(s),
+                    plain: None,
                 });
+            }
+            let mut old = old_hours.remove(&cid).unwrap_or_default();
+            for b in c.days.iter().filter(|b| b.day >= hourly_from) {
+                let Some(h) = given(b.day) else { continue };
+                let hours = h.of_day(b.day);
+                for x in hours {
+                    let mut s = old
+                        .iter_mut()
+                        .find(|(hour, _)| *hour == x.hour)
+                        .map(|(_, s)| std::mem::take(s))
+                        .unwrap_or_default();
+                    put_key(&mut s, &c.key, &cid);
+                    s.insert("day".into(), json!(x.hour * crate::domain::hours::HOUR_MS));
+                    s.insert("value".into(), json!(x.value));
+                    if let Some(cat) = &category {
+                        s.insert("category".into(), json!(cat));
+                    }
+                    items.push(Item {
+                        index: names.hours(x.hour),
+                        id: hour_doc_id(&cid, x.hour),
+                        routing: Some(cid.clone()),
+                        version: None,
+                        source: Value::Object(s),
+                        plain: Some(Plain::Index),
+                    });
+                }
+                // The day's hours the record does not list are none.
+                for (hour, _) in old.iter().filter(|(hour, _)| {
+                    hour.div_euclid(24) == b.day && !hours.iter().any(|x| x.hour == *hour)
+                }) {
+                    items.push(Item {
+                        index: names.hours(*hour),
+                        id: hour_doc_id(&cid, *hour),
+                        routing: Some(cid.clone()),
+                        version: None,
+                        source: Value::Null,
+                        plain: Some(Plain::Delete),
+                    });
+                }
             }
             out.push((i, items));
         }
@@ -613,6 +767,7 @@ impl ElasticsearchStore {
                 routing: None,
                 version: average.version,
                 source: Value::Object(s),
+                plain: None,
             }];
             for (b, doc) in a.days.iter().zip(buckets) {
                 let mut s = doc.source;
@@ -630,6 +785,7 @@ impl ElasticsearchStore {
                     routing: Some(cid.clone()),
                     version: doc.version,
                     source: Value::Object(s),
+                    plain: None,
                 });
             }
             out.push((i, items));
@@ -660,21 +816,25 @@ impl ElasticsearchStore {
                 if let Some(r) = &it.routing {
                     meta.insert("routing".into(), json!(r));
                 }
-                let op = match it.version {
-                    Some((seq, term)) => {
+                let op = match (it.plain, it.version) {
+                    (Some(Plain::Index), _) => "index",
+                    (Some(Plain::Delete), _) => "delete",
+                    (None, Some((seq, term))) => {
                         meta.insert("if_seq_no".into(), json!(seq));
                         meta.insert("if_primary_term".into(), json!(term));
                         "index"
                     }
-                    None => "create",
+                    (None, None) => "create",
                 };
                 let mut line = Map::new();
                 line.insert(op.into(), Value::Object(meta));
                 // Serializing a Value cannot fail.
                 let _ = serde_json::to_writer(&mut body, &Value::Object(line));
                 body.push(b'\n');
-                let _ = serde_json::to_writer(&mut body, &it.source);
-                body.push(b'\n');
+                if it.plain != Some(Plain::Delete) {
+                    let _ = serde_json::to_writer(&mut body, &it.source);
+                    body.push(b'\n');
+                }
             }
             let answer = self
                 .raw_call(
@@ -696,6 +856,9 @@ impl ElasticsearchStore {
             for ((e, it), class) in chunk.iter().zip(classes) {
                 match class {
                     ItemClass::Done => {}
+                    // An hour document gone already (another import).
+                    ItemClass::Rejected(r)
+                        if it.plain == Some(Plain::Delete) && r.starts_with("404") => {}
                     ItemClass::Retry(_) | ItemClass::Unknown(_) => failed.push(*e),
                     ItemClass::Rejected(r) | ItemClass::Overflow(r) => {
                         return Err(StoreError::Internal(format!(

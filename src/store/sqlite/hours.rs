@@ -145,6 +145,39 @@ impl<'c> HourRows<'c> {
     }
 }
 
+/// Sets the hours of one day of a counter whole (an import that carries
+/// them): the day's other hours go, and its rest becomes what `day_value`
+/// holds beyond them (NULL, unknown, past i64), so the day stays its hours
+/// plus its rest.
+pub(super) fn set_day(
+    tx: &Connection,
+    cid: i64,
+    day: i64,
+    day_value: i64,
+    hours: &[HourBucket],
+) -> Result<(), StoreError> {
+    tx.prepare_cached("DELETE FROM hours WHERE cid = ?1 AND hour BETWEEN ?2 AND ?3")
+        .and_then(|mut s| s.execute(params![cid, day * 24, day * 24 + 23]))
+        .map_err(sql("hours::set_day"))?;
+    let mut put = tx
+        .prepare_cached("INSERT INTO hours (hour, cid, value) VALUES (?1, ?2, ?3)")
+        .map_err(sql("hours::set_day"))?;
+    let mut sum = 0i128;
+    for h in hours {
+        put.execute(params![h.hour, cid, h.value])
+            .map_err(sql("hours::set_day"))?;
+        sum += i128::from(h.value);
+    }
+    let rest = i64::try_from(i128::from(day_value) - sum).ok();
+    tx.prepare_cached(
+        "INSERT INTO hour_rest (day, cid, value) VALUES (?1, ?2, ?3)
+         ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
+    )
+    .and_then(|mut s| s.execute(params![day, cid, rest]))
+    .map_err(sql("hours::set_day"))?;
+    Ok(())
+}
+
 /// A deleted counter's hours and rests.
 pub(super) fn forget(tx: &Connection, cid: i64) -> Result<(), StoreError> {
     tx.execute("DELETE FROM hours WHERE cid = ?1", [cid])

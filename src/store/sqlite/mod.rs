@@ -739,11 +739,14 @@ impl Store for SqliteStore {
         after: Option<CounterKey>,
         limit: usize,
         from_day: i64,
+        hours_from_day: i64,
     ) -> Result<Vec<CounterHistory>, StoreError> {
         // Rows and buckets hold every acknowledged increment once folded.
         self.fold_now().await?;
-        self.with_reader(move |c| transfer::counter_page(c, after.as_ref(), limit, from_day))
-            .await
+        self.with_reader(move |c| {
+            transfer::counter_page(c, after.as_ref(), limit, from_day, hours_from_day)
+        })
+        .await
     }
 
     async fn average_page(

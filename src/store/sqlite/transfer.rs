@@ -17,7 +17,7 @@ use super::sql;
 use crate::domain::{Counter, CounterKey};
 use crate::store::{
     AverageBucket, AverageHistory, AverageImport, Bucket, CounterHistory, CounterImport,
-    DaysOutcome, ImportBatch, ImportEntry, ImportOutcome, StoreError,
+    DaysOutcome, HourBucket, ImportBatch, ImportEntry, ImportOutcome, StoreError,
 };
 
 /// A key read back from a row (columns `entity`, `action`, `uuid`).
@@ -30,12 +30,15 @@ fn key_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<CounterKey> {
 }
 
 /// Up to `limit` counters after `after` in key order, with their buckets
-/// from `from_day` on, all read in one snapshot (a read transaction).
+/// from `from_day` on and their hours of the days from `hours_from_day` on,
+/// all read in one snapshot (a read transaction), so a day and its hours
+/// agree as they did in the store.
 pub(super) fn counter_page(
     conn: &Connection,
     after: Option<&CounterKey>,
     limit: usize,
     from_day: i64,
+    hours_from_day: i64,
 ) -> Result<Vec<CounterHistory>, StoreError> {
     let tx = conn
         .unchecked_transaction()
@@ -74,8 +77,24 @@ pub(super) fn counter_page(
     let mut days = tx
         .prepare_cached("SELECT day, value FROM buckets WHERE cid = ?1 AND day >= ?2 ORDER BY day")
         .map_err(sql("transfer::counter_page"))?;
+    let mut hours = tx
+        .prepare_cached(
+            "SELECT hour, value FROM hours INDEXED BY hours_by_counter
+             WHERE cid = ?1 AND hour >= ?2 ORDER BY hour",
+        )
+        .map_err(sql("transfer::counter_page"))?;
+    let first_hour = hours_from_day.max(from_day).saturating_mul(24);
     let mut out = Vec::with_capacity(rows.len());
     for (cid, counter) in rows {
+        let hour_buckets = hours
+            .query_map(params![cid, first_hour], |r| {
+                Ok(HourBucket {
+                    hour: r.get(0)?,
+                    value: r.get(1)?,
+                })
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(sql("transfer::counter_page"))?;
         let buckets = days
             .query_map(params![cid, from_day], |r| {
                 Ok(Bucket {
@@ -88,6 +107,7 @@ pub(super) fn counter_page(
         out.push(CounterHistory {
             counter,
             days: buckets,
+            hours: hour_buckets,
         });
     }
     Ok(out)
@@ -229,14 +249,31 @@ fn import_counter(
                  ON CONFLICT (day, cid) DO UPDATE SET value = excluded.value",
             )
             .map_err(sql("transfer::import_counter"))?;
-        // An export carries no hours: what an imported day sets is its
-        // rest (`hours`), so hour answers over it say they are not exact.
+        // A day whose hours the record gives (format 5) gets them, and the
+        // rest of what it holds as its rest, so day = its hours + its rest
+        // (`hours.rs`). Otherwise (an older file, a day before the hourly
+        // retention or before the store's complete hours) what the import
+        // moves the day by is its rest: hour answers over it say they are
+        // not exact.
+        let hours_from = super::hours::from_day(tx)?;
         let mut rest = super::hours::HourRows::prepare(tx)?;
         for b in &c.days {
             let was: Option<i64> = old
                 .query_row(params![b.day, cid], |r| r.get(0))
                 .optional()
                 .map_err(sql("transfer::import_counter"))?;
+            if let Some(h) = c
+                .hours
+                .as_ref()
+                .filter(|h| h.covers(b.day) && b.day >= hours_from)
+            {
+                if was != Some(b.value) {
+                    put.execute(params![b.day, cid, b.value])
+                        .map_err(sql("transfer::import_counter"))?;
+                }
+                super::hours::set_day(tx, cid, b.day, b.value, h.of_day(b.day))?;
+                continue;
+            }
             if was == Some(b.value) {
                 continue;
             }
