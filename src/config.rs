@@ -173,6 +173,21 @@ pub struct StoreArgs {
     #[arg(long, env = "COUNTER_GATEWAY_HOURLY_RETENTION_DAYS", default_value_t = crate::domain::hours::DEFAULT_HOURLY_RETENTION_DAYS)]
     pub hourly_retention_days: u32,
 
+    /// The `first_<N>_days` top lists the embedded store keeps a total per
+    /// counter for (comma-separated N, at most 8, each within
+    /// `--retention-days`): those lists are an index walk; other N are
+    /// summed over every counter of the pair (seconds per million). Each N
+    /// costs a row per counter and work per bucket written (see
+    /// scripts/bench/README.md, "Milestones"); a changed list rebuilds the
+    /// totals from the buckets when a store opens.
+    #[arg(
+        long,
+        env = "COUNTER_GATEWAY_MILESTONE_DAYS",
+        value_delimiter = ',',
+        default_value = "3,7,30"
+    )]
+    pub milestone_days: Vec<u32>,
+
     /// How far ahead of the server clock an event timestamp may be.
     #[arg(long, env = "COUNTER_GATEWAY_MAX_CLOCK_SKEW", default_value = "5m", value_parser = humantime::parse_duration)]
     pub max_clock_skew: Duration,
@@ -205,6 +220,7 @@ impl StoreArgs {
                 self.retention_days
             ));
         }
+        crate::domain::milestone::check_kept_days(&self.milestone_days, self.retention_days)?;
         chrono::Duration::from_std(self.max_clock_skew)
             .map_err(|_| "--max-clock-skew is too large".to_string())?;
         if self.sqlite_memory_budget < 1 << 20 {

@@ -94,6 +94,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             )
             .map_err(|e| e.to_string())?;
             store.set_hourly_retention(args.store.hourly_retention_days);
+            store
+                .set_milestone_days(&args.store.milestone_days)
+                .map_err(|e| e.to_string())?;
             tracing::info!(data_dir = %args.store.data_dir.display(), durability = ?args.store.durability, "embedded store open");
             actor_key = match &configured_secret {
                 Some(k) => k.clone(),
@@ -101,12 +104,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             };
             (
                 Arc::new(store),
-                tenant::embedded_hourly(
+                tenant::embedded_kept(
                     &args.store.data_dir,
                     args.store.durability,
                     args.store.idempotency_window,
                     args.store.retention_days,
                     args.store.hourly_retention_days,
+                    args.store.milestone_days.clone(),
                     clock.clone(),
                 ),
             )

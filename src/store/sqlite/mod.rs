@@ -72,6 +72,7 @@ mod background;
 mod connections;
 mod countapi;
 mod errors;
+mod firstdays;
 mod flush;
 mod fold;
 mod hooks;
@@ -201,6 +202,9 @@ struct Writer {
     /// after it has recorded the day, so no flush skips a day the store
     /// counts as complete.
     hours_from: i64,
+    /// The `first_<N>_days` lists whose totals the store keeps
+    /// (`firstdays`), ascending: what every write of buckets keeps exact.
+    first_days: Vec<u32>,
 }
 
 impl Writer {
@@ -240,6 +244,7 @@ impl SqliteStore {
         schema::migrate(&mut conn, &path, clock.today())?;
         let hot = hot::Shared::default();
         let hours_from = hours::from_day(&conn)?;
+        let first_days = firstdays::kept(&conn)?;
         let mut writer = Writer {
             conn,
             hot: hot.clone(),
@@ -247,6 +252,7 @@ impl SqliteStore {
             logged: 0,
             hooks: Hooks::default(),
             hours_from,
+            first_days: first_days.clone(),
         };
         // What a crash left in the change log is folded before anything
         // reads: the rows are then exact, and nothing is pending.
@@ -269,6 +275,7 @@ impl SqliteStore {
             logged: 0,
             hooks: hooks.clone(),
             hours_from,
+            first_days,
         }));
         let hourly_retention_days = Arc::new(std::sync::atomic::AtomicU32::new(
             crate::domain::hours::DEFAULT_HOURLY_RETENTION_DAYS,
@@ -318,6 +325,38 @@ impl SqliteStore {
     /// until set): the background deletes the hours of older days.
     pub fn set_hourly_retention(&self, days: u32) {
         self.hourly_retention_days.store(days, Ordering::Relaxed);
+    }
+
+    /// Which `first_<N>_days` lists the store keeps totals for
+    /// (`--milestone-days`; `firstdays::DEFAULT_KEPT` until set): a set that
+    /// differs from the one the database keeps has every total summed again
+    /// from the buckets, here, before the store serves (seconds per million
+    /// counters). Other N are summed by a pass over the pair's counters.
+    pub fn set_milestone_days(&self, days: &[u32]) -> Result<(), StoreError> {
+        let mut w = self
+            .writer
+            .lock()
+            .map_err(|_| StoreError::Internal("writer lock poisoned".into()))?;
+        // Rows read from the buckets must see every delta logged.
+        w.fold_all()?;
+        if firstdays::keep_now(&mut w.conn, days)? {
+            tracing::info!(days = ?days, path = %self.path.display(), "built the kept first-days totals");
+        }
+        w.first_days = firstdays::kept(&w.conn)?;
+        Ok(())
+    }
+
+    /// The `first_<N>_days` list summed by a pass over the pair's counters
+    /// (what a list of an N without kept totals runs), for tests that hold
+    /// the kept totals to it.
+    #[doc(hidden)]
+    pub async fn top_first_days_by_walk(
+        &self,
+        query: &super::FirstDaysQuery,
+    ) -> Result<Vec<super::FirstDaysEntry>, StoreError> {
+        self.fold_now().await?;
+        let query = query.clone();
+        self.with_reader(move |c| publication::top(c, &query)).await
     }
 
     /// `Err(Halted)` once an fsync has failed.
@@ -461,6 +500,7 @@ impl Store for SqliteStore {
                 .map_err(sql("store::delete"))?;
             if let Some(cid) = cid {
                 tx.execute("DELETE FROM buckets WHERE cid = ?1", [cid]).map_err(sql("store::delete"))?;
+                firstdays::recompute(&tx, &w.first_days, cid)?;
                 hours::forget(&tx, cid)?;
                 windows::forget(&tx, cid)?;
             }
@@ -683,6 +723,9 @@ impl Store for SqliteStore {
                 let mut cids = Vec::new();
                 let out = backfill::set_days_in(&tx, &sets, &mut cids)?;
                 if matches!(out, DaysOutcome::Applied { .. }) {
+                    for &cid in &cids {
+                        firstdays::recompute(&tx, &w.first_days, cid)?;
+                    }
                     backfill::commit_set_directly(tx, &w.hot, &cids, sets.iter().map(|s| &s.key))?;
                 }
                 last_write.wrote();
@@ -830,6 +873,9 @@ impl Store for SqliteStore {
                 let mut cids = Vec::new();
                 let out = transfer::import_in(&tx, &batch, &mut cids)?;
                 if out == ImportOutcome::Applied {
+                    for &cid in &cids {
+                        firstdays::recompute(&tx, &w.first_days, cid)?;
+                    }
                     let keys = batch.counters.iter().map(|c| &c.key);
                     backfill::commit_set_directly(
                         tx,
@@ -890,7 +936,10 @@ impl Store for SqliteStore {
         self.fold_now().await?;
         let query = query.clone();
         let entries = self
-            .with_reader(move |c| publication::top(c, &query))
+            .with_reader(move |c| match firstdays::top(c, &query)? {
+                Some(kept) => Ok(kept),
+                None => publication::top(c, &query),
+            })
             .await?;
         Ok(super::FirstDaysList {
             entries,

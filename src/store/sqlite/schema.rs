@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use super::{countapi, hours, marks, publication, queries, sql, windows};
+use super::{countapi, firstdays, hours, marks, publication, queries, sql, windows};
 use crate::store::StoreError;
 
 /// 2: indexes for top lists and reports, average counters (`queries::SCHEMA_V2`).
@@ -25,7 +25,10 @@ use crate::store::StoreError;
 /// build would leave them out and the hours of its days would no longer
 /// sum to the days, so it refuses the database. The days before the
 /// upgrade are marked as without complete hours (`hours_state`).
-const SCHEMA_VERSION: i64 = 8;
+/// 9: kept totals over the first N days from publication (`firstdays`),
+/// kept by this build's writes: an older build would leave them behind,
+/// so it refuses the database. Built from `buckets` at the upgrade.
+const SCHEMA_VERSION: i64 = 9;
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS counters (
@@ -105,6 +108,15 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path, today: i64) -> Result<
     tx.execute_batch(hours::SCHEMA)
         .map_err(sql("schema::migrate"))?;
     hours::note_start(&tx, version, today)?;
+    tx.execute_batch(firstdays::SCHEMA)
+        .map_err(sql("schema::migrate"))?;
+    if firstdays::kept(&tx)?.is_empty() {
+        // A new database, or one from before schema 9: the default N,
+        // their rows built from the buckets (none when new).
+        if firstdays::keep(&tx, &firstdays::DEFAULT_KEPT)? && version > 0 {
+            tracing::info!(path = %path.display(), "built the kept first-days totals of an earlier schema");
+        }
+    }
     let named = marks::backfill_keys(&tx)?;
     marks::note_keying(&tx)?;
     if named > 0 {
