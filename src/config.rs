@@ -175,18 +175,17 @@ pub struct StoreArgs {
 
     /// The `first_<N>_days` top lists the embedded store keeps a total per
     /// counter for (comma-separated N, at most 8, each within
-    /// `--retention-days`): those lists are an index walk; other N are
-    /// summed over every counter of the pair (seconds per million). Each N
-    /// costs a row per counter and work per bucket written (see
-    /// scripts/bench/README.md, "Milestones"); a changed list rebuilds the
-    /// totals from the buckets when a store opens.
-    #[arg(
-        long,
-        env = "COUNTER_GATEWAY_MILESTONE_DAYS",
-        value_delimiter = ',',
-        default_value = "3,7,30"
-    )]
-    pub milestone_days: Vec<u32>,
+    /// `--retention-days`; 3,7,30 when not given): those lists are an index
+    /// walk; other N are summed over every counter of the pair (seconds per
+    /// million). Not given, a store (a tenant) builds its totals at its
+    /// first list of one of these N (seconds per million counters, once)
+    /// and a store that never lists them pays nothing; given, every store
+    /// builds them when it opens. Kept totals cost each store's connections
+    /// their schema and statements (about 20 KiB per open store), a row per
+    /// counter and N, and work per bucket written (see
+    /// scripts/bench/README.md, "Milestones"); a changed list rebuilds them.
+    #[arg(long, env = "COUNTER_GATEWAY_MILESTONE_DAYS", value_delimiter = ',')]
+    pub milestone_days: Option<Vec<u32>>,
 
     /// How far ahead of the server clock an event timestamp may be.
     #[arg(long, env = "COUNTER_GATEWAY_MAX_CLOCK_SKEW", default_value = "5m", value_parser = humantime::parse_duration)]
@@ -209,6 +208,16 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
+    /// The N of `--milestone-days` (the default when not given) and
+    /// whether they were given (the stores then build their totals when
+    /// they open, not at their first list).
+    pub fn kept_days(&self) -> (Vec<u32>, bool) {
+        match &self.milestone_days {
+            Some(days) => (days.clone(), true),
+            None => (crate::domain::milestone::DEFAULT_KEPT_DAYS.to_vec(), false),
+        }
+    }
+
     /// Checks these flags; the error names the flag to change.
     pub fn validate(&self) -> Result<(), String> {
         if self.retention_days == 0 {
@@ -220,7 +229,9 @@ impl StoreArgs {
                 self.retention_days
             ));
         }
-        crate::domain::milestone::check_kept_days(&self.milestone_days, self.retention_days)?;
+        if let Some(days) = &self.milestone_days {
+            crate::domain::milestone::check_kept_days(days, self.retention_days)?;
+        }
         chrono::Duration::from_std(self.max_clock_skew)
             .map_err(|_| "--max-clock-skew is too large".to_string())?;
         if self.sqlite_memory_budget < 1 << 20 {

@@ -85,6 +85,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             (Arc::new(store), tenant::elasticsearch(base))
         }
         None => {
+            let kept_days = args.store.kept_days();
             let store = SqliteStore::open(
                 &args.store.data_dir,
                 args.store.durability,
@@ -95,7 +96,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
             store.set_hourly_retention(args.store.hourly_retention_days);
             store
-                .set_milestone_days(&args.store.milestone_days)
+                .set_milestone_days(&kept_days.0, kept_days.1)
                 .map_err(|e| e.to_string())?;
             tracing::info!(data_dir = %args.store.data_dir.display(), durability = ?args.store.durability, "embedded store open");
             actor_key = match &configured_secret {
@@ -110,7 +111,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                     args.store.idempotency_window,
                     args.store.retention_days,
                     args.store.hourly_retention_days,
-                    args.store.milestone_days.clone(),
+                    kept_days,
                     clock.clone(),
                 ),
             )

@@ -207,6 +207,11 @@ async fn kept_first_days_lists_equal_the_summed_statement_over_random_traffic() 
         let clock = ManualClock::new(common::test_now());
         let mut store = open(dir.path(), &clock);
         let mut kept: Vec<u32> = vec![3, 7, 30];
+        // Built at open (`--milestone-days` given) for odd seeds, at the
+        // first list (after the first round's writes) for even ones.
+        if seed % 2 == 1 {
+            store.set_milestone_days(&kept, true).unwrap();
+        }
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let mut today = t;
         for round in 0..14 {
@@ -324,7 +329,7 @@ async fn kept_first_days_lists_equal_the_summed_statement_over_random_traffic() 
                     store = open(dir.path(), &clock);
                     if round == 9 {
                         kept = vec![1, 7, 12];
-                        store.set_milestone_days(&kept).unwrap();
+                        store.set_milestone_days(&kept, false).unwrap();
                     }
                     listed += compare(
                         &store,
@@ -546,10 +551,12 @@ async fn windows_straddling_the_retention_read_only_kept_days() {
     assert_rows_exact(dir.path(), "after the retention");
 }
 
-/// A database of schema 8 (no kept totals) gets them built from its
-/// buckets when it opens, and its lists are the statement's from then on.
+/// A database of the taken-back schema 9 (kept totals of triggers) loses
+/// its triggers and tables when it opens, gets its totals built from its
+/// buckets at its first list, and its lists are the statement's from then
+/// on.
 #[tokio::test]
-async fn an_older_database_gets_its_totals_built_at_open() {
+async fn a_schema_9_database_loses_its_triggers_and_gets_totals_at_its_first_list() {
     let t = t0();
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(common::test_now());
@@ -570,11 +577,31 @@ async fn an_older_database_gets_its_totals_built_at_open() {
     }
     {
         let conn = rusqlite::Connection::open(dir.path().join("counters.sqlite3")).unwrap();
-        conn.execute_batch("DROP TABLE first_days; PRAGMA user_version = 8;")
-            .unwrap();
+        // What the taken-back build of schema 9 left: a table of kept N,
+        // its totals of another shape, and triggers that write them.
+        conn.execute_batch(
+            "CREATE TABLE first_days_n (n INTEGER PRIMARY KEY);
+             CREATE TABLE first_days (cid INTEGER, n INTEGER, nb INTEGER NOT NULL,
+                                      PRIMARY KEY (cid, n)) WITHOUT ROWID;
+             CREATE TRIGGER first_days_bucket_in AFTER INSERT ON buckets BEGIN
+                 INSERT INTO first_days_n (n) VALUES (new.day);
+             END;
+             PRAGMA user_version = 9;",
+        )
+        .unwrap();
     }
     let store = open(dir.path(), &clock);
-    assert_rows_exact(dir.path(), "upgraded");
+    let left: i64 = rusqlite::Connection::open(dir.path().join("counters.sqlite3"))
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name LIKE 'first_days%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(left, 0, "schema 9's triggers and tables are dropped");
+    write(&store, vec![inc("late", t, 4, None)]).await;
     let rows = compare(&store, &[3, 7, 30], t, "upgraded").await;
     assert!(rows > 100, "{rows}");
+    assert_rows_exact(dir.path(), "upgraded");
 }

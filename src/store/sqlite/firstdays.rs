@@ -30,8 +30,13 @@
 //!   part (an index on `pday` finds them); rows whose window ended before
 //!   it are skipped.
 //! - The kept N are rows of counter 0 (no counter has that id): a set that
-//!   differs at start-up rebuilds every row from the buckets, once (as does
-//!   the upgrade to schema 9).
+//!   differs at start-up rebuilds every row from the buckets, once.
+//! - Created only when needed: by the first `first_<N>_days` list of an N
+//!   the store is to keep, or at start-up when `--milestone-days` is given.
+//!   A store that never lists them pays nothing, neither on its writes nor
+//!   in the memory every connection holds for the schema (2.1 KiB each,
+//!   and the cached statements of the write paths below), which the bound
+//!   of 1,000 open tenants (`tests/tenant_bounds.rs`) has no room for.
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -113,17 +118,52 @@ pub(super) fn target(conn: &Connection, cid: i64) -> Result<Option<Target>, Stor
     .map_err(sql("firstdays::target"))
 }
 
-/// The kept N, ascending (none when the table is new).
+/// Drops what schema 9 (the kept totals of triggers, taken back) left:
+/// its triggers, its table of kept N and its totals, which this build
+/// builds again when it needs them.
+pub(super) fn drop_triggered(conn: &Connection) -> Result<(), StoreError> {
+    let triggers: Vec<String> = conn
+        .prepare(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'first_days%'",
+        )
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .map_err(sql("firstdays::drop_triggered"))?;
+    for t in triggers {
+        conn.execute_batch(&format!("DROP TRIGGER \"{t}\""))
+            .map_err(sql("firstdays::drop_triggered"))?;
+    }
+    conn.execute_batch("DROP TABLE IF EXISTS first_days_n; DROP TABLE IF EXISTS first_days;")
+        .map_err(sql("firstdays::drop_triggered"))
+}
+
+/// Whether the store keeps totals at all (the table exists).
+pub(super) fn exists(conn: &Connection) -> Result<bool, StoreError> {
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'first_days')",
+        [],
+        |r| r.get(0),
+    )
+    .map_err(sql("firstdays::exists"))
+}
+
+/// The kept N, ascending (none when the table is new or absent).
 pub(super) fn kept(conn: &Connection) -> Result<Vec<u32>, StoreError> {
-    conn.prepare_cached("SELECT n FROM first_days WHERE cid = 0 ORDER BY n")
+    if !exists(conn)? {
+        return Ok(Vec::new());
+    }
+    // Not cached: read at open and when the set changes, and a cached
+    // statement is memory every open store keeps.
+    conn.prepare("SELECT n FROM first_days WHERE cid = 0 ORDER BY n")
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
         .map_err(sql("firstdays::kept"))
 }
 
-/// Makes `days` the kept N (sorted, distinct): when they differ from those
-/// kept, every row is summed again from the buckets, in `conn`'s
-/// transaction (the caller's). Returns whether it rebuilt.
+/// Makes `days` the kept N (sorted, distinct), creating the table when
+/// missing: when they differ from those kept, every row is summed again
+/// from the buckets, in `conn`'s transaction (the caller's). Returns
+/// whether it rebuilt.
 pub(super) fn keep(conn: &Connection, days: &[u32]) -> Result<bool, StoreError> {
+    conn.execute_batch(SCHEMA).map_err(sql("firstdays::keep"))?;
     let mut want: Vec<u32> = days.to_vec();
     want.sort_unstable();
     want.dedup();
@@ -350,20 +390,13 @@ pub(super) fn fold(
     Ok(())
 }
 
-/// The list from the kept rows, or `None` when `q.days` is not kept. Rows
-/// must be current: the caller folds the change log first.
+/// The list from the kept rows, for a `q.days` the store keeps. Rows must
+/// be current: the caller folds the change log first.
 pub(super) fn top(
     conn: &Connection,
     q: &FirstDaysQuery,
-) -> Result<Option<Vec<FirstDaysEntry>>, StoreError> {
+) -> Result<Vec<FirstDaysEntry>, StoreError> {
     let n = i64::from(q.days);
-    let is_kept: bool = conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM first_days WHERE cid = 0 AND n = ?1)")
-        .and_then(|mut s| s.query_row([n], |r| r.get(0)))
-        .map_err(sql("firstdays::top"))?;
-    if !is_kept {
-        return Ok(None);
-    }
     let size = i64::try_from(q.size).unwrap_or(i64::MAX);
     let read = |r: &rusqlite::Row<'_>| -> rusqlite::Result<FirstDaysEntry> {
         let published: Option<i64> = r.get(3)?;
@@ -423,7 +456,7 @@ pub(super) fn top(
         out.sort_by(|a, b| b.value.cmp(&a.value).then_with(|| a.uuid.cmp(&b.uuid)));
         out.truncate(q.size);
     }
-    Ok(Some(out))
+    Ok(out)
 }
 
 /// Asserts every row equals its counter's buckets summed again (values
@@ -453,6 +486,50 @@ pub(super) fn assert_exact(conn: &Connection) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SQLite's memory for the parsed schema of a connection (what every
+    /// connection of every open store holds).
+    fn schema_bytes(conn: &Connection) -> i64 {
+        conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .unwrap();
+        let (mut cur, mut high) = (0, 0);
+        // SAFETY: a valid open handle and two out-pointers.
+        let rc = unsafe {
+            rusqlite::ffi::sqlite3_db_status(
+                conn.handle(),
+                rusqlite::ffi::SQLITE_DBSTATUS_SCHEMA_USED,
+                &mut cur,
+                &mut high,
+                0,
+            )
+        };
+        assert_eq!(rc, 0);
+        i64::from(cur)
+    }
+
+    /// The kept totals' schema (one table, two indexes) is a few KiB of
+    /// each connection's parsed schema, not the 90 KiB the triggers of the
+    /// first attempt cost; printed for `src/store/README.md`.
+    #[test]
+    fn the_kept_totals_cost_each_connection_a_few_kib_of_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite3");
+        let mut w = super::super::connections::open_writer(&path).unwrap();
+        super::super::schema::migrate(&mut w, &path, 20_000).unwrap();
+        keep(&w, &DEFAULT_KEPT).unwrap();
+        drop(w);
+        let with = schema_bytes(&Connection::open(&path).unwrap());
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("DROP TABLE first_days")
+            .unwrap();
+        let without = schema_bytes(&Connection::open(&path).unwrap());
+        println!("schema per connection: {without} bytes without the kept totals, {with} with");
+        assert!(with > without, "{with} {without}");
+        assert!(with - without < 8 * 1024, "{with} {without}");
+    }
 
     #[test]
     fn split_and_join_agree_past_i64() {

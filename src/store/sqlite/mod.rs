@@ -204,12 +204,34 @@ struct Writer {
     hours_from: i64,
     /// The `first_<N>_days` lists whose totals the store keeps
     /// (`firstdays`), ascending: what every write of buckets keeps exact.
+    /// None until the table exists.
     first_days: Vec<u32>,
+    /// The N the store is to keep (`--milestone-days`), ascending: kept
+    /// from the first list of one of them on (or from start-up when the
+    /// flag is given).
+    first_days_wanted: Vec<u32>,
 }
 
 impl Writer {
     fn hours_from(&self) -> i64 {
         self.hours_from
+    }
+
+    /// Brings the kept first-days totals to the wanted N (creating them
+    /// when none are kept): every delta logged folded first, then one
+    /// transaction.
+    fn build_first_days(&mut self, path: &Path) -> Result<(), StoreError> {
+        if self.first_days == self.first_days_wanted {
+            return Ok(());
+        }
+        // Rows read from the buckets must see every delta logged.
+        self.fold_all()?;
+        let started = std::time::Instant::now();
+        if firstdays::keep_now(&mut self.conn, &self.first_days_wanted)? {
+            tracing::info!(days = ?self.first_days_wanted, path = %path.display(), took = ?started.elapsed(), "built the kept first-days totals");
+        }
+        self.first_days = firstdays::kept(&self.conn)?;
+        Ok(())
     }
 }
 
@@ -253,6 +275,7 @@ impl SqliteStore {
             hooks: Hooks::default(),
             hours_from,
             first_days: first_days.clone(),
+            first_days_wanted: Vec::new(),
         };
         // What a crash left in the change log is folded before anything
         // reads: the rows are then exact, and nothing is pending.
@@ -276,6 +299,7 @@ impl SqliteStore {
             hooks: hooks.clone(),
             hours_from,
             first_days,
+            first_days_wanted: firstdays::DEFAULT_KEPT.to_vec(),
         }));
         let hourly_retention_days = Arc::new(std::sync::atomic::AtomicU32::new(
             crate::domain::hours::DEFAULT_HOURLY_RETENTION_DAYS,
@@ -328,21 +352,23 @@ impl SqliteStore {
     }
 
     /// Which `first_<N>_days` lists the store keeps totals for
-    /// (`--milestone-days`; `firstdays::DEFAULT_KEPT` until set): a set that
-    /// differs from the one the database keeps has every total summed again
-    /// from the buckets, here, before the store serves (seconds per million
-    /// counters). Other N are summed by a pass over the pair's counters.
-    pub fn set_milestone_days(&self, days: &[u32]) -> Result<(), StoreError> {
+    /// (`--milestone-days`; `firstdays::DEFAULT_KEPT` until set). The
+    /// totals are built from the buckets by the first list of one of them,
+    /// or here when `build_now` (the flag was given) or when the store
+    /// already keeps another set: seconds per million counters, before the
+    /// store serves. Other N are summed by a pass over the pair's counters.
+    pub fn set_milestone_days(&self, days: &[u32], build_now: bool) -> Result<(), StoreError> {
         let mut w = self
             .writer
             .lock()
             .map_err(|_| StoreError::Internal("writer lock poisoned".into()))?;
-        // Rows read from the buckets must see every delta logged.
-        w.fold_all()?;
-        if firstdays::keep_now(&mut w.conn, days)? {
-            tracing::info!(days = ?days, path = %self.path.display(), "built the kept first-days totals");
+        let mut want = days.to_vec();
+        want.sort_unstable();
+        want.dedup();
+        w.first_days_wanted = want;
+        if build_now || !w.first_days.is_empty() {
+            w.build_first_days(&self.path)?;
         }
-        w.first_days = firstdays::kept(&w.conn)?;
         Ok(())
     }
 
@@ -934,11 +960,25 @@ impl Store for SqliteStore {
         query: &super::FirstDaysQuery,
     ) -> Result<super::FirstDaysList, StoreError> {
         self.fold_now().await?;
+        let days = query.days;
+        let path = self.path.clone();
+        let kept = self
+            .with_writer(move |w| {
+                if !w.first_days_wanted.contains(&days) {
+                    return Ok(false);
+                }
+                if w.first_days.is_empty() {
+                    // The first list of a kept N: the totals are built now.
+                    w.build_first_days(&path)?;
+                }
+                Ok(w.first_days.contains(&days))
+            })
+            .await?;
         let query = query.clone();
         let entries = self
-            .with_reader(move |c| match firstdays::top(c, &query)? {
-                Some(kept) => Ok(kept),
-                None => publication::top(c, &query),
+            .with_reader(move |c| match kept {
+                true => firstdays::top(c, &query),
+                false => publication::top(c, &query),
             })
             .await?;
         Ok(super::FirstDaysList {

@@ -25,10 +25,14 @@ use crate::store::StoreError;
 /// build would leave them out and the hours of its days would no longer
 /// sum to the days, so it refuses the database. The days before the
 /// upgrade are marked as without complete hours (`hours_state`).
-/// 9: kept totals over the first N days from publication (`firstdays`),
-/// kept by this build's writes: an older build would leave them behind,
-/// so it refuses the database. Built from `buckets` at the upgrade.
-const SCHEMA_VERSION: i64 = 9;
+/// 9: the first attempt at kept first-N-days totals, kept by triggers
+/// (taken back: their schema cost 1,000 open tenants 90 MiB); version 10
+/// drops its triggers and tables.
+/// 10: kept totals over the first N days from publication (`firstdays`),
+/// kept by this build's writes once a store has them (created by the first
+/// list that needs them, or at start-up with `--milestone-days`): an older
+/// build would leave them behind, so it refuses the database.
+const SCHEMA_VERSION: i64 = 10;
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS counters (
@@ -108,14 +112,8 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path, today: i64) -> Result<
     tx.execute_batch(hours::SCHEMA)
         .map_err(sql("schema::migrate"))?;
     hours::note_start(&tx, version, today)?;
-    tx.execute_batch(firstdays::SCHEMA)
-        .map_err(sql("schema::migrate"))?;
-    if firstdays::kept(&tx)?.is_empty() {
-        // A new database, or one from before schema 9: the default N,
-        // their rows built from the buckets (none when new).
-        if firstdays::keep(&tx, &firstdays::DEFAULT_KEPT)? && version > 0 {
-            tracing::info!(path = %path.display(), "built the kept first-days totals of an earlier schema");
-        }
+    if version == 9 {
+        firstdays::drop_triggered(&tx)?;
     }
     let named = marks::backfill_keys(&tx)?;
     marks::note_keying(&tx)?;

@@ -200,6 +200,9 @@ async fn a_fold_pass_resumes_where_a_crash_stopped_it() {
 #[tokio::test]
 async fn past_the_pending_mark_counters_are_written_directly() {
     let (dir, _clock, store) = relaxed_store_at_day();
+    store
+        .set_milestone_days(&firstdays::DEFAULT_KEPT, true)
+        .unwrap();
     store.fold_hold().hold();
     let n = write::DIRECT_PENDING + 500;
     let uuid = |i: usize| format!("u{i:06}");
