@@ -46,6 +46,7 @@ fn memory_db() -> Writer {
         hooks: Hooks::default(),
         hours_from: i64::MIN / 48,
         first_days: Vec::new(),
+        first_days_wanted: Vec::new(),
     }
 }
 
