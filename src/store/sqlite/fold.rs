@@ -36,6 +36,13 @@ use crate::store::StoreError;
 /// writer, so a flush waiting behind a chunk waits that long at most.
 pub(super) const CHUNK: usize = 2_000;
 
+/// [`CHUNK`] in a store that keeps first-N-days totals (`firstdays`): each
+/// counter then also costs a lookup of its publication and up to one
+/// upsert per kept N, and fresh counters (inside their first days) pay all
+/// of them, so a chunk of 2,000 held flushes behind it long enough to show
+/// in single increments' p99 (scripts/bench/README.md, "Milestones").
+pub(super) const CHUNK_KEPT: usize = 500;
+
 /// The deltas of one counter in a pass.
 #[derive(Debug, Default)]
 struct Sum {
@@ -153,7 +160,12 @@ pub(super) fn chunk(
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql("fold::chunk"))?;
-    let end = (pass.next + CHUNK).min(pass.sums.len());
+    let size = if first_days.is_empty() {
+        CHUNK
+    } else {
+        CHUNK_KEPT
+    };
+    let end = (pass.next + size).min(pass.sums.len());
     {
         let mut counter = tx
             .prepare_cached(
