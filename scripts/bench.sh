@@ -16,6 +16,7 @@
 #   BENCH_ONLY=streams scripts/bench.sh  # only 10,000 idle live streams (CPU and memory)
 #   BENCH_ONLY=windows WINDOWS_COUNTERS=1000000 WINDOWS_RUNS=3 scripts/bench.sh # windowed lists (issue 23)
 #   BENCH_BIN=path/to/counter-gateway scripts/bench.sh # measure another build
+#   BENCH_SERVE_ARGS="--milestone-days 3,7,30" scripts/bench.sh # flags for the embedded gateway's serve
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
