@@ -178,7 +178,7 @@ pub struct StoreArgs {
     /// `--retention-days`; 3,7,30 when not given): those lists are an index
     /// walk; other N are summed over every counter of the pair (seconds per
     /// million). Not given, a store (a tenant) builds its totals at its
-    /// first list of one of these N (seconds per million counters, once)
+    /// first list of one of these N (about 25 s at a million counters, once)
     /// and a store that never lists them pays nothing; given, every store
     /// builds them when it opens. Kept totals cost each store's connections
     /// their schema and statements (about 20 KiB per open store), a row per
