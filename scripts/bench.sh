@@ -16,6 +16,7 @@
 #   BENCH_ONLY=streams scripts/bench.sh  # only 10,000 idle live streams (CPU and memory)
 #   BENCH_ONLY=windows WINDOWS_COUNTERS=1000000 WINDOWS_RUNS=3 scripts/bench.sh # windowed lists (issue 23)
 #   BENCH_BIN=path/to/counter-gateway scripts/bench.sh # measure another build
+#   BENCH_SERVE_ARGS="--milestone-days 3,7,30" scripts/bench.sh # flags for the embedded gateway's serve
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,7 +56,7 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 port=$(free_port)
-NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --data-dir "$work/data" >"$work/gateway.log" 2>&1 &
+NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --data-dir "$work/data" ${BENCH_SERVE_ARGS:-} >"$work/gateway.log" 2>&1 &
 gpid=$!
 pids+=("$gpid")
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
@@ -226,8 +227,9 @@ fi
 # counters (default 1,000,000, goal: under 50 ms on the embedded store), each
 # with 3 daily buckets from its first touch, first touches over 60 days, one
 # in four with a publication time set; loaded through POST /v1/events into
-# the same gateway, then each list timed one request at a time
-# (scripts/bench/milestones.py). `BENCH_ONLY=milestones` runs only this.
+# the same gateway, then each list of MILESTONE_DAYS (default 3,7,30,14:
+# kept totals for the first three, a pass over the counters for 14) timed
+# one request at a time (scripts/bench/milestones.py). `BENCH_ONLY=milestones` runs only this.
 # --- Hour buckets (issue 24): the embedded store's file growth under a
 # known load, HOUR_COUNTERS counters each counted once in every hour of
 # yesterday (scripts/bench/hour_load.py, its own gateway and data
@@ -247,7 +249,7 @@ fi
 
 if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY:-}" = milestones ]; then
   printf '\nmilestones: first_N_days top lists (embedded store)\n'
-  python3 scripts/bench/milestones.py "$base" "${MILESTONE_COUNTERS:-1000000}" "${MILESTONE_RUNS:-5}" \
+  python3 scripts/bench/milestones.py "$base" "${MILESTONE_COUNTERS:-1000000}" "${MILESTONE_RUNS:-5}" "${MILESTONE_DAYS:-3,7,30,14}" \
     | tee "$work/milestones.txt"
   [ "${BENCH_ONLY:-}" = milestones ] && exit 0
 fi

@@ -173,6 +173,20 @@ pub struct StoreArgs {
     #[arg(long, env = "COUNTER_GATEWAY_HOURLY_RETENTION_DAYS", default_value_t = crate::domain::hours::DEFAULT_HOURLY_RETENTION_DAYS)]
     pub hourly_retention_days: u32,
 
+    /// The `first_<N>_days` top lists the embedded store keeps a total per
+    /// counter for (comma-separated N, at most 8, each within
+    /// `--retention-days`; 3,7,30 when not given): those lists are an index
+    /// walk; other N are summed over every counter of the pair (seconds per
+    /// million). Not given, a store (a tenant) builds its totals at its
+    /// first list of one of these N (about 25 s at a million counters, once)
+    /// and a store that never lists them pays nothing; given, every store
+    /// builds them when it opens. Kept totals cost each store's connections
+    /// their schema and statements (about 20 KiB per open store), a row per
+    /// counter and N, and work per bucket written (see
+    /// scripts/bench/README.md, "Milestones"); a changed list rebuilds them.
+    #[arg(long, env = "COUNTER_GATEWAY_MILESTONE_DAYS", value_delimiter = ',')]
+    pub milestone_days: Option<Vec<u32>>,
+
     /// How far ahead of the server clock an event timestamp may be.
     #[arg(long, env = "COUNTER_GATEWAY_MAX_CLOCK_SKEW", default_value = "5m", value_parser = humantime::parse_duration)]
     pub max_clock_skew: Duration,
@@ -194,6 +208,16 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
+    /// The N of `--milestone-days` (the default when not given) and
+    /// whether they were given (the stores then build their totals when
+    /// they open, not at their first list).
+    pub fn kept_days(&self) -> (Vec<u32>, bool) {
+        match &self.milestone_days {
+            Some(days) => (days.clone(), true),
+            None => (crate::domain::milestone::DEFAULT_KEPT_DAYS.to_vec(), false),
+        }
+    }
+
     /// Checks these flags; the error names the flag to change.
     pub fn validate(&self) -> Result<(), String> {
         if self.retention_days == 0 {
@@ -204,6 +228,9 @@ impl StoreArgs {
                 "--hourly-retention-days must be between 1 and --retention-days ({}): hours of days no longer kept would not sum to anything",
                 self.retention_days
             ));
+        }
+        if let Some(days) = &self.milestone_days {
+            crate::domain::milestone::check_kept_days(days, self.retention_days)?;
         }
         chrono::Duration::from_std(self.max_clock_skew)
             .map_err(|_| "--max-clock-skew is too large".to_string())?;

@@ -85,6 +85,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             (Arc::new(store), tenant::elasticsearch(base))
         }
         None => {
+            let kept_days = args.store.kept_days();
             let store = SqliteStore::open(
                 &args.store.data_dir,
                 args.store.durability,
@@ -94,6 +95,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             )
             .map_err(|e| e.to_string())?;
             store.set_hourly_retention(args.store.hourly_retention_days);
+            store
+                .set_milestone_days(&kept_days.0, kept_days.1)
+                .map_err(|e| e.to_string())?;
             tracing::info!(data_dir = %args.store.data_dir.display(), durability = ?args.store.durability, "embedded store open");
             actor_key = match &configured_secret {
                 Some(k) => k.clone(),
@@ -101,12 +105,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             };
             (
                 Arc::new(store),
-                tenant::embedded_hourly(
+                tenant::embedded_kept(
                     &args.store.data_dir,
                     args.store.durability,
                     args.store.idempotency_window,
                     args.store.retention_days,
                     args.store.hourly_retention_days,
+                    kept_days,
                     clock.clone(),
                 ),
             )

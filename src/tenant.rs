@@ -146,12 +146,36 @@ pub fn embedded_hourly(
     hourly_retention_days: u32,
     clock: Clock,
 ) -> Arc<dyn TenantStores> {
+    embedded_kept(
+        data_dir,
+        durability,
+        id_window,
+        retention_days,
+        hourly_retention_days,
+        (crate::domain::milestone::DEFAULT_KEPT_DAYS.to_vec(), false),
+        clock,
+    )
+}
+
+/// [`embedded_hourly`] with the `first_<N>_days` lists whose totals each
+/// tenant keeps (`--milestone-days`) and whether it builds them when it
+/// opens (the flag was given) or at its first list of one of them.
+pub fn embedded_kept(
+    data_dir: &Path,
+    durability: Durability,
+    id_window: Duration,
+    retention_days: u32,
+    hourly_retention_days: u32,
+    milestone_days: (Vec<u32>, bool),
+    clock: Clock,
+) -> Arc<dyn TenantStores> {
     Arc::new(Embedded {
         dir: data_dir.join("tenants"),
         durability,
         id_window,
         retention_days,
         hourly_retention_days,
+        milestone_days,
         clock,
     })
 }
@@ -162,6 +186,7 @@ struct Embedded {
     id_window: Duration,
     retention_days: u32,
     hourly_retention_days: u32,
+    milestone_days: (Vec<u32>, bool),
     clock: Clock,
 }
 
@@ -176,9 +201,10 @@ impl TenantStores for Embedded {
             self.retention_days,
             self.clock.clone(),
         )
-        .map(|s| {
+        .and_then(|s| {
             s.set_hourly_retention(self.hourly_retention_days);
-            Arc::new(s) as Arc<dyn Store>
+            s.set_milestone_days(&self.milestone_days.0, self.milestone_days.1)?;
+            Ok(Arc::new(s) as Arc<dyn Store>)
         })
         .map_err(|e| e.to_string())
     }

@@ -31,6 +31,33 @@ pub const MAX_MILESTONES: usize = 16;
 /// systems we learn from collect, 3 and 30 days after publication.
 pub const DEFAULT_MILESTONES: [u32; 2] = [3, 30];
 
+/// The `first_<N>_days` lists whose totals the embedded store keeps per
+/// counter until `--milestone-days` says otherwise (see
+/// `src/store/README.md`, "Milestones"): the milestones the systems we
+/// learn from collect (3 and 30 days) and a week.
+pub const DEFAULT_KEPT_DAYS: [u32; 3] = [3, 7, 30];
+
+/// At most this many `--milestone-days`: each costs a row per counter and
+/// a step per bucket written.
+pub const MAX_KEPT_DAYS: usize = 8;
+
+/// Checks a `--milestone-days` list against the retention; the error names
+/// the flag.
+pub fn check_kept_days(days: &[u32], retention_days: u32) -> Result<(), String> {
+    if days.is_empty() || days.len() > MAX_KEPT_DAYS {
+        return Err(format!(
+            "--milestone-days takes 1 to {MAX_KEPT_DAYS} day counts, got {}",
+            days.len()
+        ));
+    }
+    if let Some(d) = days.iter().find(|d| **d == 0 || **d > retention_days) {
+        return Err(format!(
+            "--milestone-days: {d} is not between 1 and --retention-days ({retention_days})"
+        ));
+    }
+    Ok(())
+}
+
 const DAY_MS: i64 = 86_400_000;
 
 /// A `published` value, parsed and judged against the clock.
@@ -257,6 +284,17 @@ pub fn parse_first_days(interval: &str, max: u32) -> Option<Result<u32, String>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kept_days_are_checked_against_the_retention() {
+        assert!(check_kept_days(&DEFAULT_KEPT_DAYS, 400).is_ok());
+        assert!(check_kept_days(&[400], 400).is_ok());
+        let e = check_kept_days(&[3, 401], 400).unwrap_err();
+        assert!(e.contains("--milestone-days") && e.contains("401"), "{e}");
+        assert!(check_kept_days(&[0], 400).is_err());
+        assert!(check_kept_days(&[], 400).is_err());
+        assert!(check_kept_days(&[1; MAX_KEPT_DAYS + 1], 400).is_err());
+    }
     use chrono::TimeZone;
 
     fn now() -> DateTime<Utc> {

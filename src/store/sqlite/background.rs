@@ -252,7 +252,13 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
             nothing_to_do = false;
         }
     }
-    match expire_buckets(&w.conn, today, job.retention_days, RETAIN_BUDGET) {
+    match expire_buckets(
+        &w.conn,
+        &w.first_days,
+        today,
+        job.retention_days,
+        RETAIN_BUDGET,
+    ) {
         Ok(0) => {}
         Ok(_) => {
             nothing_to_do = false;
@@ -497,9 +503,13 @@ pub(super) fn first_kept_day(
 /// kept day (see [`first_kept_day`]), oldest days first, in batches of
 /// [`RETAIN_BATCH`] by primary key `(day, id)` (each its own transaction),
 /// until none is left or `budget` is spent. Returns how many were deleted.
-/// A counter's value and timestamps stay: only its old days go.
+/// A counter's value and timestamps stay: only its old days go. The kept
+/// first-N-days totals (`first_days`: the N kept) of a counter that loses a
+/// bucket inside one of its windows are summed again in the same
+/// transaction.
 pub(super) fn expire_buckets(
     conn: &Connection,
+    first_days: &[u32],
     today: i64,
     retention_days: u32,
     budget: std::time::Duration,
@@ -513,16 +523,16 @@ pub(super) fn expire_buckets(
         "DELETE FROM average_buckets WHERE (day, aid) IN (
              SELECT day, aid FROM average_buckets WHERE day < ?1 ORDER BY day, aid LIMIT ?2)",
     ] {
-        let mut s = conn
-            .prepare_cached(stmt)
-            .map_err(sql("background::expire_buckets"))?;
+        let kept = if stmt.contains("FROM buckets") {
+            first_days
+        } else {
+            &[]
+        };
         loop {
             if started.elapsed() >= budget {
                 return Ok(deleted);
             }
-            let n = s
-                .execute(params![before, RETAIN_BATCH])
-                .map_err(sql("background::expire_buckets"))?;
+            let n = expire_batch(conn, stmt, kept, before)?;
             deleted += n as u64;
             if (n as i64) < RETAIN_BATCH {
                 break;
@@ -530,6 +540,58 @@ pub(super) fn expire_buckets(
         }
     }
     Ok(deleted)
+}
+
+/// One batch of [`expire_buckets`] (`stmt`), its own transaction; with the
+/// kept totals of `kept` N summed again for the counters it takes a
+/// bucket of a window from. Returns how many rows it deleted.
+fn expire_batch(
+    conn: &Connection,
+    stmt: &str,
+    kept: &[u32],
+    before: i64,
+) -> Result<usize, StoreError> {
+    let mut s = conn
+        .prepare_cached(stmt)
+        .map_err(sql("background::expire_buckets"))?;
+    if kept.is_empty() {
+        return s
+            .execute(params![before, RETAIN_BATCH])
+            .map_err(sql("background::expire_buckets"));
+    }
+    conn.prepare_cached("BEGIN IMMEDIATE")
+        .and_then(|mut b| b.execute([]))
+        .map_err(sql("background::expire_buckets"))?;
+    let done = (|| {
+        let gone: Vec<(i64, i64)> = conn
+            .prepare_cached(&format!("{stmt} RETURNING day, cid"))
+            .and_then(|mut s| {
+                s.query_map(params![before, RETAIN_BATCH], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect()
+            })
+            .map_err(sql("background::expire_buckets"))?;
+        let mut touched = Vec::new();
+        for &(day, cid) in &gone {
+            if super::firstdays::in_a_window(conn, cid, day)? {
+                touched.push(cid);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for cid in touched {
+            super::firstdays::recompute(conn, kept, cid)?;
+        }
+        conn.prepare_cached("COMMIT")
+            .and_then(|mut c| c.execute([]))
+            .map_err(sql("background::expire_buckets"))?;
+        Ok(gone.len())
+    })();
+    if done.is_err() && !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    done
 }
 
 fn count_ids(conn: &Connection) -> Result<i64, StoreError> {

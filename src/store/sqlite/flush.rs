@@ -182,7 +182,7 @@ pub(super) fn apply_coalesced(
     if write::averages(&tx, &all, &mut out.store_writes)?.is_err() {
         return Ok(None);
     }
-    flush.write(&tx)?;
+    flush.write(&tx, &w.first_days)?;
     out.store_writes += flush.writes;
     let done = flush.finish();
     out.counters = done.counters(&batch.wanted);
@@ -277,7 +277,7 @@ pub(super) fn apply_one_by_one(
             }
         }
     }
-    flush.write(&tx)?;
+    flush.write(&tx, &w.first_days)?;
     out.store_writes += flush.writes;
     let done = flush.finish();
     out.counters = done.counters(&batch.wanted);

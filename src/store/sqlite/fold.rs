@@ -18,6 +18,9 @@
 //!   counter applied): a crash in the middle resumes at the next counter,
 //!   and every delta is applied exactly once. The pass's log rows are
 //!   deleted with its last chunk.
+//! - The kept first-N-days totals (`firstdays`) of the chunk's counters
+//!   move with their buckets in the same transaction: the deltas of the
+//!   pass inside a counter's window, one upsert per row.
 //! - Each chunk's commit and the marking of its counters as current in
 //!   memory (`hot`) happen under one hold of its lock.
 
@@ -25,13 +28,20 @@ use std::collections::HashMap;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::hot;
+use super::{firstdays, hot};
 use super::{internal_msg, log, sql};
 use crate::store::StoreError;
 
 /// Counters applied per transaction of a pass: a few milliseconds of the
 /// writer, so a flush waiting behind a chunk waits that long at most.
 pub(super) const CHUNK: usize = 2_000;
+
+/// [`CHUNK`] in a store that keeps first-N-days totals (`firstdays`): each
+/// counter then also costs a lookup of its publication and up to one
+/// upsert per kept N, and fresh counters (inside their first days) pay all
+/// of them, so a chunk of 2,000 held flushes behind it long enough to show
+/// in single increments' p99 (scripts/bench/README.md, "Milestones").
+pub(super) const CHUNK_KEPT: usize = 500;
 
 /// The deltas of one counter in a pass.
 #[derive(Debug, Default)]
@@ -145,11 +155,17 @@ pub(super) fn chunk(
     conn: &mut Connection,
     pass: &mut Pass,
     hot: &hot::Shared,
+    first_days: &[u32],
 ) -> Result<(), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql("fold::chunk"))?;
-    let end = (pass.next + CHUNK).min(pass.sums.len());
+    let size = if first_days.is_empty() {
+        CHUNK
+    } else {
+        CHUNK_KEPT
+    };
+    let end = (pass.next + size).min(pass.sums.len());
     {
         let mut counter = tx
             .prepare_cached(
@@ -168,8 +184,19 @@ pub(super) fn chunk(
             )
             .map_err(sql("fold::chunk"))?;
         let mut hours = super::hours::HourRows::prepare(&tx)?;
+        let mut kept = if first_days.is_empty() {
+            None
+        } else {
+            Some(firstdays::Upsert::prepare(&tx)?)
+        };
         for (cid, sum) in &pass.sums[pass.next..end] {
             let cid = *cid;
+            // The counter as it was: its windows' day, before this pass's
+            // first touch may move it.
+            let before = match kept {
+                Some(_) => firstdays::target(&tx, cid)?,
+                None => None,
+            };
             let changed = match i64::try_from(sum.delta) {
                 // In range: the flushes checked the value after each of
                 // them, so `value + delta` is the value now and fits.
@@ -202,6 +229,9 @@ pub(super) fn chunk(
             }
             for &(hour, d) in &sum.hours {
                 hours.add(cid, hour, d)?;
+            }
+            if let (Some(put), Some(before)) = (&mut kept, &before) {
+                firstdays::fold(&tx, put, first_days, cid, before, sum.first_ms, &sum.days)?;
             }
         }
     }
@@ -294,7 +324,7 @@ impl super::Writer {
         let Some(pass) = &mut self.pass else {
             return Ok(false);
         };
-        chunk(&mut self.conn, pass, &self.hot)?;
+        chunk(&mut self.conn, pass, &self.hot, &self.first_days)?;
         if pass.done() {
             self.pass = None;
         }

@@ -72,6 +72,7 @@ mod background;
 mod connections;
 mod countapi;
 mod errors;
+mod firstdays;
 mod flush;
 mod fold;
 mod hooks;
@@ -201,11 +202,36 @@ struct Writer {
     /// after it has recorded the day, so no flush skips a day the store
     /// counts as complete.
     hours_from: i64,
+    /// The `first_<N>_days` lists whose totals the store keeps
+    /// (`firstdays`), ascending: what every write of buckets keeps exact.
+    /// None until the table exists.
+    first_days: Vec<u32>,
+    /// The N the store is to keep (`--milestone-days`), ascending: kept
+    /// from the first list of one of them on (or from start-up when the
+    /// flag is given).
+    first_days_wanted: Vec<u32>,
 }
 
 impl Writer {
     fn hours_from(&self) -> i64 {
         self.hours_from
+    }
+
+    /// Brings the kept first-days totals to the wanted N (creating them
+    /// when none are kept): every delta logged folded first, then one
+    /// transaction.
+    fn build_first_days(&mut self, path: &Path) -> Result<(), StoreError> {
+        if self.first_days == self.first_days_wanted {
+            return Ok(());
+        }
+        // Rows read from the buckets must see every delta logged.
+        self.fold_all()?;
+        let started = std::time::Instant::now();
+        if firstdays::keep_now(&mut self.conn, &self.first_days_wanted)? {
+            tracing::info!(days = ?self.first_days_wanted, path = %path.display(), took = ?started.elapsed(), "built the kept first-days totals");
+        }
+        self.first_days = firstdays::kept(&self.conn)?;
+        Ok(())
     }
 }
 
@@ -240,6 +266,7 @@ impl SqliteStore {
         schema::migrate(&mut conn, &path, clock.today())?;
         let hot = hot::Shared::default();
         let hours_from = hours::from_day(&conn)?;
+        let first_days = firstdays::kept(&conn)?;
         let mut writer = Writer {
             conn,
             hot: hot.clone(),
@@ -247,6 +274,8 @@ impl SqliteStore {
             logged: 0,
             hooks: Hooks::default(),
             hours_from,
+            first_days: first_days.clone(),
+            first_days_wanted: Vec::new(),
         };
         // What a crash left in the change log is folded before anything
         // reads: the rows are then exact, and nothing is pending.
@@ -269,6 +298,8 @@ impl SqliteStore {
             logged: 0,
             hooks: hooks.clone(),
             hours_from,
+            first_days,
+            first_days_wanted: firstdays::DEFAULT_KEPT.to_vec(),
         }));
         let hourly_retention_days = Arc::new(std::sync::atomic::AtomicU32::new(
             crate::domain::hours::DEFAULT_HOURLY_RETENTION_DAYS,
@@ -318,6 +349,40 @@ impl SqliteStore {
     /// until set): the background deletes the hours of older days.
     pub fn set_hourly_retention(&self, days: u32) {
         self.hourly_retention_days.store(days, Ordering::Relaxed);
+    }
+
+    /// Which `first_<N>_days` lists the store keeps totals for
+    /// (`--milestone-days`; `firstdays::DEFAULT_KEPT` until set). The
+    /// totals are built from the buckets by the first list of one of them,
+    /// or here when `build_now` (the flag was given) or when the store
+    /// already keeps another set: seconds per million counters, before the
+    /// store serves. Other N are summed by a pass over the pair's counters.
+    pub fn set_milestone_days(&self, days: &[u32], build_now: bool) -> Result<(), StoreError> {
+        let mut w = self
+            .writer
+            .lock()
+            .map_err(|_| StoreError::Internal("writer lock poisoned".into()))?;
+        let mut want = days.to_vec();
+        want.sort_unstable();
+        want.dedup();
+        w.first_days_wanted = want;
+        if build_now || !w.first_days.is_empty() {
+            w.build_first_days(&self.path)?;
+        }
+        Ok(())
+    }
+
+    /// The `first_<N>_days` list summed by a pass over the pair's counters
+    /// (what a list of an N without kept totals runs), for tests that hold
+    /// the kept totals to it.
+    #[doc(hidden)]
+    pub async fn top_first_days_by_walk(
+        &self,
+        query: &super::FirstDaysQuery,
+    ) -> Result<Vec<super::FirstDaysEntry>, StoreError> {
+        self.fold_now().await?;
+        let query = query.clone();
+        self.with_reader(move |c| publication::top(c, &query)).await
     }
 
     /// `Err(Halted)` once an fsync has failed.
@@ -461,6 +526,7 @@ impl Store for SqliteStore {
                 .map_err(sql("store::delete"))?;
             if let Some(cid) = cid {
                 tx.execute("DELETE FROM buckets WHERE cid = ?1", [cid]).map_err(sql("store::delete"))?;
+                firstdays::recompute(&tx, &w.first_days, cid)?;
                 hours::forget(&tx, cid)?;
                 windows::forget(&tx, cid)?;
             }
@@ -688,6 +754,9 @@ impl Store for SqliteStore {
                 let mut cids = Vec::new();
                 let out = backfill::set_days_in(&tx, &sets, &mut cids)?;
                 if matches!(out, DaysOutcome::Applied { .. }) {
+                    for &cid in &cids {
+                        firstdays::recompute(&tx, &w.first_days, cid)?;
+                    }
                     backfill::commit_set_directly(tx, &w.hot, &cids, sets.iter().map(|s| &s.key))?;
                 }
                 last_write.wrote();
@@ -838,6 +907,9 @@ impl Store for SqliteStore {
                 let mut cids = Vec::new();
                 let out = transfer::import_in(&tx, &batch, &mut cids)?;
                 if out == ImportOutcome::Applied {
+                    for &cid in &cids {
+                        firstdays::recompute(&tx, &w.first_days, cid)?;
+                    }
                     let keys = batch.counters.iter().map(|c| &c.key);
                     backfill::commit_set_directly(
                         tx,
@@ -896,9 +968,26 @@ impl Store for SqliteStore {
         query: &super::FirstDaysQuery,
     ) -> Result<super::FirstDaysList, StoreError> {
         self.fold_now().await?;
+        let days = query.days;
+        let path = self.path.clone();
+        let kept = self
+            .with_writer(move |w| {
+                if !w.first_days_wanted.contains(&days) {
+                    return Ok(false);
+                }
+                if w.first_days.is_empty() {
+                    // The first list of a kept N: the totals are built now.
+                    w.build_first_days(&path)?;
+                }
+                Ok(w.first_days.contains(&days))
+            })
+            .await?;
         let query = query.clone();
         let entries = self
-            .with_reader(move |c| publication::top(c, &query))
+            .with_reader(move |c| match kept {
+                true => firstdays::top(c, &query),
+                false => publication::top(c, &query),
+            })
             .await?;
         Ok(super::FirstDaysList {
             entries,

@@ -7,15 +7,16 @@
 //! counter's `first_ts`. The table is created if missing and read by no
 //! older build, so it needs no schema version of its own.
 //!
-//! A first-days list sums, per counter of the pair, its buckets from its
-//! publication day on: one walk of the pair's counters in uuid order, one
-//! key lookup in `targets` and one range seek into `buckets_by_counter` per
-//! counter. Exact, bounded in memory (a top-`size` sorter), but its time
-//! grows with the pair's counters: seconds at a million (see
-//! `scripts/bench/README.md`). Unlike the named windows, each counter has
-//! its own window, so no one kept total serves every N; kept totals per
-//! counter for a few tracked N, maintained like `windows`, are what would
-//! make the list an index walk.
+//! A first-days list of an N without kept totals (`firstdays` keeps those
+//! of `--milestone-days`) sums, per counter of the pair, its buckets from
+//! its publication day on: one walk of the pair's counters in uuid order,
+//! one key lookup in `targets` and one range seek into
+//! `buckets_by_counter` per counter. Exact, bounded in memory (a
+//! top-`size` sorter), but its time grows with the pair's counters:
+//! seconds at a million (see `scripts/bench/README.md`). It is also the
+//! reference the kept totals are tested against (`tests/first_days.rs`).
+//! Setting, moving or clearing a publication sums the kept totals of the
+//! target's counters again (`firstdays::recompute_target`).
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -62,6 +63,8 @@ pub(super) fn set(w: &mut Writer, sets: &[PublishedSet]) -> Result<(), StoreErro
                 (None, false) => Ok(0),
             }
             .map_err(sql("publication::set"))?;
+            // The target's counters' windows may have moved.
+            super::firstdays::recompute_target(&tx, &w.first_days, &s.entity, &s.uuid)?;
         }
     }
     tx.commit().map_err(sql("publication::set"))

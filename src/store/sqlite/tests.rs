@@ -45,6 +45,8 @@ fn memory_db() -> Writer {
         logged: 0,
         hooks: Hooks::default(),
         hours_from: i64::MIN / 48,
+        first_days: Vec::new(),
+        first_days_wanted: Vec::new(),
     }
 }
 
@@ -199,6 +201,9 @@ async fn a_fold_pass_resumes_where_a_crash_stopped_it() {
 #[tokio::test]
 async fn past_the_pending_mark_counters_are_written_directly() {
     let (dir, _clock, store) = relaxed_store_at_day();
+    store
+        .set_milestone_days(&firstdays::DEFAULT_KEPT, true)
+        .unwrap();
     store.fold_hold().hold();
     let n = write::DIRECT_PENDING + 500;
     let uuid = |i: usize| format!("u{i:06}");
@@ -265,6 +270,17 @@ async fn past_the_pending_mark_counters_are_written_directly() {
         .query_row("SELECT sum(value) FROM buckets", [], |r| r.get(0))
         .unwrap();
     assert_eq!(total, 7 * n as i64);
+    // The kept first-days totals of the direct ones moved with them too.
+    let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let sevens: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM first_days WHERE cid <> 0 AND hi = 0 AND lo = 7",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(sevens, 3 * n as i64);
+    firstdays::assert_exact(&conn);
 }
 
 /// Window totals memory holds written back in bulk (the indexes
@@ -382,10 +398,10 @@ fn retention_keeps_the_days_a_lagging_window_still_reads() {
     }
     assert_eq!(first_kept_day(&c, DAY, 400).unwrap(), anchor - 364);
     let budget = std::time::Duration::from_secs(5);
-    assert_eq!(expire_buckets(&c, DAY, 400, budget).unwrap(), 1);
+    assert_eq!(expire_buckets(&c, &[], DAY, 400, budget).unwrap(), 1);
     windows::rebuild(&c, DAY).unwrap();
     assert_eq!(first_kept_day(&c, DAY, 400).unwrap(), DAY - 400);
-    assert_eq!(expire_buckets(&c, DAY, 400, budget).unwrap(), 2);
+    assert_eq!(expire_buckets(&c, &[], DAY, 400, budget).unwrap(), 2);
     let left: Vec<i64> = c
         .prepare("SELECT day FROM buckets ORDER BY day")
         .unwrap()

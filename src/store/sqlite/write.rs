@@ -180,7 +180,7 @@ impl<'h> Flush<'h> {
     /// the deltas of the others appended to the log as one blob, or written
     /// directly past [`DIRECT_PENDING`] pending counters (see the module
     /// documentation). Returns the log row (0: nothing logged).
-    pub fn write(&mut self, tx: &Connection) -> Result<i64, StoreError> {
+    pub fn write(&mut self, tx: &Connection, first_days: &[u32]) -> Result<i64, StoreError> {
         let mut blob = log::Writer::new();
         let mut insert = None;
         let mut direct = None;
@@ -201,6 +201,18 @@ impl<'h> Flush<'h> {
                 for d in &t.entry.days {
                     insert.bucket(t.entry.cid, d.day, d.value)?;
                 }
+                if !first_days.is_empty() {
+                    let days: Vec<(i64, i64)> =
+                        t.entry.days.iter().map(|d| (d.day, d.value)).collect();
+                    super::firstdays::new_counter(
+                        tx,
+                        first_days,
+                        t.entry.cid,
+                        &t.key,
+                        t.entry.first_ms,
+                        &days,
+                    )?;
+                }
                 write_hours(tx, &mut hours, t)?;
                 continue;
             }
@@ -211,6 +223,8 @@ impl<'h> Flush<'h> {
                         None => direct.insert(DirectRows::prepare(tx)?),
                     };
                     direct.write(t)?;
+                    // Nothing of it is pending: its buckets are whole.
+                    super::firstdays::recompute(tx, first_days, t.entry.cid)?;
                     write_hours(tx, &mut hours, t)?;
                     t.direct = true;
                     continue;
