@@ -177,10 +177,12 @@ pub struct StoreArgs {
     /// counter for (comma-separated N, at most 8, each within
     /// `--retention-days`; 3,7,30 when not given): those lists are an index
     /// walk; other N are summed over every counter of the pair (seconds per
-    /// million). Not given, a store (a tenant) builds its totals at its
-    /// first list of one of these N (about 25 s at a million counters, once)
-    /// and a store that never lists them pays nothing; given, every store
-    /// builds them when it opens. Kept totals cost each store's connections
+    /// million). Not given, a store (a tenant) of at most 20,000 counters
+    /// builds its totals at its first list of one of these N (a pause of its
+    /// writes of a few tenths of a second, once), a larger one sums its
+    /// lists, and a store that never lists them pays nothing; given, every
+    /// store builds them when it opens (about 25 s at a million counters,
+    /// once). Kept totals cost each store's connections
     /// their schema and statements (about 20 KiB per open store), a row per
     /// counter and N, and work per bucket written (see
     /// scripts/bench/README.md, "Milestones"); a changed list rebuilds them.

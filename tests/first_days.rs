@@ -302,6 +302,9 @@ async fn kept_first_days_lists_equal_the_summed_statement_over_random_traffic() 
                                     category: None,
                                     first_ms: (today - back) * DAY_MS,
                                     recorded_ms: today * DAY_MS,
+                                    // A file without hours (format 4): the
+                                    // days it sets are what the totals read.
+                                    hours: None,
                                 }
                             })
                             .collect();
@@ -604,4 +607,36 @@ async fn a_schema_9_database_loses_its_triggers_and_gets_totals_at_its_first_lis
     let rows = compare(&store, &[3, 7, 30], t, "upgraded").await;
     assert!(rows > 100, "{rows}");
     assert_rows_exact(dir.path(), "upgraded");
+}
+
+/// A read does not hold a large store's writes to build the totals: past
+/// 20,000 counters, the first list of a kept N sums the buckets (the same
+/// answer) and leaves the store without the table; a store at the bound
+/// builds it.
+#[tokio::test]
+async fn a_large_store_sums_its_first_list_instead_of_building_the_totals() {
+    let t = t0();
+    for (counters, builds) in [(20_000i64, true), (20_001, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(common::test_now());
+        set_day(&clock, t);
+        let store = open(dir.path(), &clock);
+        let events: Vec<Increment> = (0..counters)
+            .map(|i| inc(&format!("c{i:05}"), t - i % 4, 1 + i % 97, None))
+            .collect();
+        assert!(write(&store, events).await);
+        let q = query(3, None, 10, t - 400);
+        let got = store.top_first_days(&q).await.unwrap().entries;
+        assert_eq!(got, store.top_first_days_by_walk(&q).await.unwrap());
+        assert_eq!(got.len(), 10);
+        let tables: i64 = rusqlite::Connection::open(dir.path().join("counters.sqlite3"))
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'first_days'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(tables, i64::from(builds), "{counters} counters");
+    }
 }

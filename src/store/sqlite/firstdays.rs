@@ -32,7 +32,8 @@
 //! - The kept N are rows of counter 0 (no counter has that id): a set that
 //!   differs at start-up rebuilds every row from the buckets, once.
 //! - Created only when needed: by the first `first_<N>_days` list of an N
-//!   the store is to keep, or at start-up when `--milestone-days` is given.
+//!   the store is to keep in a store of at most [`LAZY_BUILD_MAX_COUNTERS`]
+//!   counters, or at start-up when `--milestone-days` is given.
 //!   A store that never lists them pays nothing, neither on its writes nor
 //!   in the memory every connection holds for the schema (2.1 KiB each,
 //!   and the cached statements of the write paths below), which the bound
@@ -43,6 +44,14 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use super::sql;
 use super::windows::{join, split_sum};
 use crate::store::{FirstDaysEntry, FirstDaysQuery, StoreError};
+
+/// The most counters a store may have for its first `first_<N>_days` list
+/// to build the kept totals: the build holds the writer in one transaction
+/// (about 25 s a million counters measured, so a pause of a few tenths of a
+/// second here), which a read must not impose on a large store's writes.
+/// A larger store lists by summing until it is opened with
+/// `--milestone-days`, which builds them at open.
+pub(super) const LAZY_BUILD_MAX_COUNTERS: i64 = 20_000;
 
 /// The N kept until `--milestone-days` says otherwise.
 pub(super) const DEFAULT_KEPT: [u32; 3] = crate::domain::milestone::DEFAULT_KEPT_DAYS;

@@ -410,6 +410,23 @@ impl SqliteStore {
         .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
     }
 
+    /// [`Self::with_reader`] for a read that walks every counter of a pair
+    /// (trending, summed `first_<N>_days` lists): seconds of a core at a
+    /// million counters, and a trending list's array of up to 64 MiB. At
+    /// most [`SCANS`] run at once in the process, over every store; more
+    /// wait their turn instead of taking every core from the writes (reads
+    /// run on a pool of up to 512 blocking threads).
+    async fn scan<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let _turn = SCANS
+            .acquire()
+            .await
+            .map_err(|_| internal_msg("scans closed"))?;
+        self.with_reader(f).await
+    }
+
     async fn with_reader<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
@@ -421,6 +438,9 @@ impl SqliteStore {
             .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
     }
 }
+
+/// Whole-pair reads running at once in the process ([`SqliteStore::scan`]).
+static SCANS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
 fn internal_msg(m: &str) -> StoreError {
     StoreError::Internal(format!("sqlite: {m}"))
@@ -674,12 +694,7 @@ impl Store for SqliteStore {
     ) -> Result<super::TrendingList, StoreError> {
         self.fold_now().await?;
         let query = query.clone();
-        // Held across the read: at most `trending::SCANS` of these at once.
-        let _scan = trending::SCANS
-            .acquire()
-            .await
-            .map_err(|_| internal_msg("trending scans closed"))?;
-        self.with_reader(move |c| trending::top(c, &query)).await
+        self.scan(move |c| trending::top(c, &query)).await
     }
 
     async fn stale(&self, query: &StaleQuery) -> Result<Vec<Counter>, StoreError> {
@@ -976,19 +991,30 @@ impl Store for SqliteStore {
                     return Ok(false);
                 }
                 if w.first_days.is_empty() {
-                    // The first list of a kept N: the totals are built now.
+                    // The first list of a kept N: the totals are built now,
+                    // in one transaction that holds the writer, so only in
+                    // a store small enough for that to be a short pause of
+                    // its writes (ids are assigned in order: the highest
+                    // bounds the counters, read in one index step).
+                    let highest: i64 = w
+                        .conn
+                        .query_row("SELECT coalesce(max(cid), 0) FROM counters", [], |r| {
+                            r.get(0)
+                        })
+                        .map_err(sql("top_first_days"))?;
+                    if highest > firstdays::LAZY_BUILD_MAX_COUNTERS {
+                        return Ok(false);
+                    }
                     w.build_first_days(&path)?;
                 }
                 Ok(w.first_days.contains(&days))
             })
             .await?;
         let query = query.clone();
-        let entries = self
-            .with_reader(move |c| match kept {
-                true => firstdays::top(c, &query),
-                false => publication::top(c, &query),
-            })
-            .await?;
+        let entries = match kept {
+            true => self.with_reader(move |c| firstdays::top(c, &query)).await?,
+            false => self.scan(move |c| publication::top(c, &query)).await?,
+        };
         Ok(super::FirstDaysList {
             entries,
             exact: true,
@@ -1002,8 +1028,7 @@ impl Store for SqliteStore {
     ) -> Result<super::FirstDaysList, StoreError> {
         self.fold_now().await?;
         let query = query.clone();
-        self.with_reader(move |c| local_first_days::top(c, &query))
-            .await
+        self.scan(move |c| local_first_days::top(c, &query)).await
     }
 
     /// Publication times are written by their own transaction, never

@@ -20,7 +20,8 @@
 //! Memory, for the request's length: 16 bytes and a bit per counter id of
 //! the store while ids stay under [`DENSE_MAX_CID`] (64 MiB at most), else
 //! a map entry (about 40 bytes) per counter with a bucket in the plan; and
-//! 16 bytes per scored counter for the ranking; [`SCANS`] lists at once.
+//! 16 bytes per scored counter for the ranking; two lists at once in the
+//! process (`SqliteStore::scan`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -56,12 +57,6 @@ impl Sum {
 /// Candidates looked up one by one before the pair's counters are read
 /// whole instead (a pair with few of the scored counters).
 const LOOKUPS_BEFORE_SET: usize = 20_000;
-
-/// Trending lists computed at once in the process, over every store: each
-/// holds an array of up to 64 MiB and a core, so more wait their turn
-/// rather than multiply the memory (reads run on a pool of up to 512
-/// blocking threads).
-pub(super) static SCANS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
 /// The highest counter id whose scores are kept in a dense array (16 bytes
 /// a counter id, so at most 64 MiB for the request); past it, a map.
