@@ -245,15 +245,31 @@ pub(super) fn recompute(conn: &Connection, kept: &[u32], cid: i64) -> Result<(),
             .collect()
         })
         .map_err(sql("firstdays::recompute"))?;
+    put_rows(conn, kept, cid, &t, &days)
+}
+
+/// Writes counter `cid`'s row for each kept N whose window `[P, P + N - 1]`
+/// holds a day of `days` (day, value), with the sum of those days.
+fn put_rows(
+    conn: &Connection,
+    kept: &[u32],
+    cid: i64,
+    t: &Target,
+    days: &[(i64, i64)],
+) -> Result<(), StoreError> {
+    let pday = t.pday();
     let mut put = Upsert::prepare(conn)?;
     for &n in kept {
         let end = pday + i64::from(n);
-        let mut inside = days.iter().filter(|(d, _)| *d < end).peekable();
+        let mut inside = days
+            .iter()
+            .filter(|(d, _)| *d >= pday && *d < end)
+            .peekable();
         if inside.peek().is_none() {
             continue;
         }
         let total: i128 = inside.map(|(_, v)| i128::from(*v)).sum();
-        put.add(cid, n, &t, pday, total)?;
+        put.add(cid, n, t, pday, total)?;
     }
     Ok(())
 }
@@ -285,21 +301,7 @@ pub(super) fn new_counter(
         first_ts: first_ms,
         published,
     };
-    let pday = t.pday();
-    let mut put = Upsert::prepare(conn)?;
-    for &n in kept {
-        let end = pday + i64::from(n);
-        let mut inside = days
-            .iter()
-            .filter(|(d, _)| *d >= pday && *d < end)
-            .peekable();
-        if inside.peek().is_none() {
-            continue;
-        }
-        let total: i128 = inside.map(|(_, v)| i128::from(*v)).sum();
-        put.add(cid, n, &t, pday, total)?;
-    }
-    Ok(())
+    put_rows(conn, kept, cid, &t, days)
 }
 
 /// [`recompute`] for every counter of the target (entity, uuid): its
