@@ -248,6 +248,19 @@ pub(super) fn recompute(conn: &Connection, kept: &[u32], cid: i64) -> Result<(),
     put_rows(conn, kept, cid, &t, &days)
 }
 
+/// The sum of the `days` (day, value) inside the window `[pday, pday + n - 1]`;
+/// `None` when none is (the counter has no row for that N), even if they
+/// would sum to 0.
+fn window_sum<V: Copy + Into<i128>>(days: &[(i64, V)], pday: i64, n: u32) -> Option<i128> {
+    let end = pday + i64::from(n);
+    let mut inside = days
+        .iter()
+        .filter(|(d, _)| *d >= pday && *d < end)
+        .peekable();
+    inside.peek()?;
+    Some(inside.map(|(_, v)| (*v).into()).sum())
+}
+
 /// Writes counter `cid`'s row for each kept N whose window `[P, P + N - 1]`
 /// holds a day of `days` (day, value), with the sum of those days.
 fn put_rows(
@@ -260,16 +273,9 @@ fn put_rows(
     let pday = t.pday();
     let mut put = Upsert::prepare(conn)?;
     for &n in kept {
-        let end = pday + i64::from(n);
-        let mut inside = days
-            .iter()
-            .filter(|(d, _)| *d >= pday && *d < end)
-            .peekable();
-        if inside.peek().is_none() {
-            continue;
+        if let Some(total) = window_sum(days, pday, n) {
+            put.add(cid, n, t, pday, total)?;
         }
-        let total: i128 = inside.map(|(_, v)| i128::from(*v)).sum();
-        put.add(cid, n, t, pday, total)?;
     }
     Ok(())
 }
@@ -387,16 +393,9 @@ pub(super) fn fold(
         return recompute(conn, kept, cid);
     }
     for &n in kept {
-        let end = pday + i64::from(n);
-        let mut inside = days
-            .iter()
-            .filter(|(d, _)| *d >= pday && *d < end)
-            .peekable();
-        if inside.peek().is_none() {
-            continue;
+        if let Some(delta) = window_sum(days, pday, n) {
+            put.add(cid, n, before, pday, delta)?;
         }
-        let delta: i128 = inside.map(|(_, d)| *d).sum();
-        put.add(cid, n, before, pday, delta)?;
     }
     Ok(())
 }
