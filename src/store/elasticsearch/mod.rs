@@ -103,6 +103,7 @@ mod setup;
 pub mod templates;
 mod transfer;
 mod trending;
+mod walk;
 mod writes;
 
 use std::sync::Arc;

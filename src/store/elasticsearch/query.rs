@@ -15,10 +15,11 @@
 //!   `shard_size` terms). Buckets are routed by counter id, so inside one
 //!   monthly index every counter's buckets lie on one shard and each shard's
 //!   sums are complete: a window inside one month is exact. A window across
-//!   months splits a counter over several indices; then the answer asks for
-//!   up to [`WINDOW_CANDIDATES`] terms and is exact only when
-//!   `sum_other_doc_count` is 0 (every matching bucket was counted in a term
-//!   that came back), which the parser reports.
+//!   months splits a counter over several indices; then a threshold walk
+//!   (`walk.rs`) reads each monthly index's exact top list and sums the
+//!   candidates over all of them, and is exact once no counter outside the
+//!   candidates can reach the list; past [`WINDOW_CANDIDATES`] terms per
+//!   index it answers its best list as not exact.
 //! - Windowed top averages cannot be ordered by Elasticsearch at all (the
 //!   order is a quotient, and pipeline aggregations cannot order `terms`), so
 //!   every average of the window is read by a paged `composite` aggregation
@@ -153,17 +154,44 @@ pub fn set_in(source: &Value, days: Window) -> bool {
 /// A top list of hour sums: [`top_window_query`] over the hour documents
 /// of the range.
 pub fn top_hours_query(q: &TopHoursQuery, cat: &CategoryFilter, one_month: bool) -> Value {
+    top_hours_terms(q, cat, one_search_terms(q.size, one_month), None)
+}
+
+/// [`top_hours_query`] asking `terms` terms, of the uuids `only` when
+/// given (a step of a walk, `walk.rs`).
+pub fn top_hours_terms(
+    q: &TopHoursQuery,
+    cat: &CategoryFilter,
+    terms: usize,
+    only: Option<&[String]>,
+) -> Value {
     let mut filters = vec![
         term("entity", &q.entity),
         term("action", &q.action),
         hour_range(q.hours),
     ];
     cat.push(&mut filters);
-    let size = if one_month {
-        q.size
+    sum_terms(filters, terms, only)
+}
+
+/// Terms a list read in one search asks for: its size when the documents
+/// lie in one monthly index (routing makes per-shard sums complete), else
+/// [`WINDOW_CANDIDATES`].
+pub fn one_search_terms(size: usize, one_month: bool) -> usize {
+    if one_month {
+        size
     } else {
-        WINDOW_CANDIDATES.max(q.size)
-    };
+        WINDOW_CANDIDATES.max(size)
+    }
+}
+
+/// The search of a windowed list: the documents `filters` match (of the
+/// uuids `only`, when given), a `terms` aggregation of `terms` uuids
+/// ordered by the sum of their `value`, ties by uuid.
+fn sum_terms(mut filters: Vec<Value>, terms: usize, only: Option<&[String]>) -> Value {
+    if let Some(uuids) = only {
+        filters.push(json!({"terms": {"uuid": uuids}}));
+    }
     json!({
         "size": 0,
         "track_total_hits": false,
@@ -171,8 +199,8 @@ pub fn top_hours_query(q: &TopHoursQuery, cat: &CategoryFilter, one_month: bool)
         "aggs": {"top": {
             "terms": {
                 "field": "uuid",
-                "size": size,
-                "shard_size": size,
+                "size": terms,
+                "shard_size": terms,
                 "order": [{"total": "desc"}, {"_key": "asc"}]
             },
             "aggs": {"total": {"sum": {"field": "value"}}}
@@ -248,31 +276,25 @@ pub fn top_window_query(
     cat: &CategoryFilter,
     one_month: bool,
 ) -> Value {
+    top_window_terms(q, window, cat, one_search_terms(q.size, one_month), None)
+}
+
+/// [`top_window_query`] asking `terms` terms, of the uuids `only` when
+/// given (a step of a walk, `walk.rs`).
+pub fn top_window_terms(
+    q: &TopQuery,
+    window: Window,
+    cat: &CategoryFilter,
+    terms: usize,
+    only: Option<&[String]>,
+) -> Value {
     let mut filters = vec![
         term("entity", &q.entity),
         term("action", &q.action),
         day_range(window),
     ];
     cat.push(&mut filters);
-    let size = if one_month {
-        q.size
-    } else {
-        WINDOW_CANDIDATES.max(q.size)
-    };
-    json!({
-        "size": 0,
-        "track_total_hits": false,
-        "query": {"bool": {"filter": filters}},
-        "aggs": {"top": {
-            "terms": {
-                "field": "uuid",
-                "size": size,
-                "shard_size": size,
-                "order": [{"total": "desc"}, {"_key": "asc"}]
-            },
-            "aggs": {"total": {"sum": {"field": "value"}}}
-        }}
-    })
+    sum_terms(filters, terms, only)
 }
 
 /// The realtime multi-get of some documents of one index, by id.
@@ -593,19 +615,6 @@ pub fn window_top_from_aggs(body: &Value) -> Result<WindowTop, String> {
     })
 }
 
-impl WindowTop {
-    /// Whether the list is exact: the window lies in one monthly index
-    /// (routing puts all of a counter's buckets there on one shard, so each
-    /// shard's sums and its top terms are complete), or every matching
-    /// bucket fell in a returned term; and every sum fitted a double; and
-    /// the category was the counters' own, not the buckets' fallback.
-    pub fn exact(&self, one_month: bool, cat: &CategoryFilter) -> bool {
-        (one_month || self.sum_other_doc_count == 0)
-            && self.sums_exact
-            && !matches!(cat, CategoryFilter::BucketCategory(_))
-    }
-}
-
 /// The documents of an `_mget` answer that were found: `(_id, _source)`.
 pub fn found_from_mget(body: &Value) -> Result<Vec<(String, Value)>, String> {
     let docs = body
@@ -789,25 +798,6 @@ pub fn categories_by_uuid(found: &[(String, Value)]) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_window_top_says_when_it_is_exact() {
-        let top = |other, sums_exact| WindowTop {
-            entries: Vec::new(),
-            sums_exact,
-            sum_other_doc_count: other,
-        };
-        let none = CategoryFilter::None;
-        // One month: per-shard sums are complete, even with terms left out.
-        assert!(top(5, true).exact(true, &none));
-        // Across months: only when nothing was left out.
-        assert!(top(0, true).exact(false, &none));
-        assert!(!top(5, true).exact(false, &none));
-        assert!(!top(0, false).exact(true, &none));
-        let fallback = CategoryFilter::BucketCategory("sports".into());
-        assert!(!top(0, true).exact(true, &fallback));
-        assert!(top(0, true).exact(true, &CategoryFilter::Uuids(vec!["a".into()])));
-    }
 
     #[test]
     fn doubles_are_exact_below_two_to_the_53() {

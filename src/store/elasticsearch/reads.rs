@@ -135,16 +135,12 @@ impl ElasticsearchStore {
             });
         }
         let indices = self.config.names.window_buckets(window, false);
-        let one_month = indices.months == 1;
-        let answer = self
-            .search(
-                &format!("/{}/_search", indices.path),
-                &[],
-                &query::top_window_query(q, window, &cat, one_month),
-            )
+        let top = self
+            .window_counts(&indices.path, indices.months == 1, q.size, |terms, only| {
+                query::top_window_terms(q, window, &cat, terms, only)
+            })
             .await?;
-        let top = query::window_top_from_aggs(&answer).map_err(StoreError::Internal)?;
-        let exact = top.exact(one_month, &cat);
+        let exact = top.exact(&cat);
         let picked: Vec<&(String, i128)> = top.entries.iter().take(q.size).collect();
         let uuids: Vec<&str> = picked.iter().map(|(u, _)| u.as_str()).collect();
         let categories = self
@@ -236,16 +232,12 @@ impl ElasticsearchStore {
             });
         }
         let indices = self.config.names.hour_window(q.hours);
-        let one_month = indices.months == 1;
-        let answer = self
-            .search(
-                &format!("/{}/_search", indices.path),
-                &[],
-                &query::top_hours_query(q, &cat, one_month),
-            )
+        let top = self
+            .window_counts(&indices.path, indices.months == 1, q.size, |terms, only| {
+                query::top_hours_terms(q, &cat, terms, only)
+            })
             .await?;
-        let top = query::window_top_from_aggs(&answer).map_err(StoreError::Internal)?;
-        let mut exact = top.exact(one_month, &cat);
+        let mut exact = top.exact(&cat);
         let picked: Vec<&(String, i128)> = top.entries.iter().take(q.size).collect();
         let ids: Vec<String> = picked
             .iter()

@@ -2,7 +2,9 @@
 //! [`TrendingQuery`]): one `terms` aggregation on uuid over the plan's day
 //! documents and hour documents, ordered by a `sum` whose inline script
 //! weighs each document's count by its bucket's end, as a windowed list
-//! sums its buckets (`query::top_window_query`), with the same exactness.
+//! sums its buckets (`query::top_window_query`), with the same exactness:
+//! a list over several monthly indices (the usual case: hours and days)
+//! is read by the threshold walk of `walk.rs`.
 //!
 //! Which documents: an hour document (in a `..._hour_counters-*` index)
 //! whose hour lies in `plan.hours`, or a day document (any other index of
@@ -23,7 +25,8 @@
 
 use serde_json::{json, Value};
 
-use super::query::{self, CategoryFilter, WINDOW_CANDIDATES};
+use super::query::{self, CategoryFilter};
+use super::walk;
 use super::ElasticsearchStore;
 use crate::domain::{CounterKey, Window};
 use crate::store::{StoreError, TrendingEntry, TrendingList, TrendingQuery};
@@ -73,6 +76,24 @@ pub fn trending_query(
     cat: &CategoryFilter,
     one_index: bool,
 ) -> Value {
+    trending_terms(
+        q,
+        hour_prefix,
+        cat,
+        query::one_search_terms(q.size, one_index),
+        None,
+    )
+}
+
+/// [`trending_query`] asking `terms` terms, of the uuids `only` when given
+/// (a step of a walk, `walk.rs`).
+pub fn trending_terms(
+    q: &TrendingQuery,
+    hour_prefix: &str,
+    cat: &CategoryFilter,
+    size: usize,
+    only: Option<&[String]>,
+) -> Value {
     let mut filters = vec![
         json!({"term": {"entity": q.entity}}),
         json!({"term": {"action": q.action}}),
@@ -81,6 +102,9 @@ pub fn trending_query(
         CategoryFilter::None => {}
         CategoryFilter::Uuids(u) => filters.push(json!({"terms": {"uuid": u}})),
         CategoryFilter::BucketCategory(c) => filters.push(json!({"term": {"category": c}})),
+    }
+    if let Some(uuids) = only {
+        filters.push(json!({"terms": {"uuid": uuids}}));
     }
     let in_hours = json!({"prefix": {"_index": hour_prefix}});
     let range = |from: i64, to: i64| json!({"range": {"day": {"gte": from, "lte": to, "format": "epoch_millis"}}});
@@ -97,11 +121,6 @@ pub fn trending_query(
             "must_not": [in_hours]
         }}));
     }
-    let size = if one_index {
-        q.size
-    } else {
-        WINDOW_CANDIDATES.max(q.size)
-    };
     json!({
         "size": 0,
         "track_total_hits": false,
@@ -183,16 +202,35 @@ impl ElasticsearchStore {
         let (path, one_index) = indices(&self.config.names, q);
         let hours = self.config.names.hours_pattern();
         let hour_prefix = hours.trim_end_matches('*');
-        let answer = self
-            .search(
-                &format!("/{path}/_search"),
-                &[],
-                &trending_query(q, hour_prefix, &cat, one_index),
-            )
-            .await?;
-        let (scored, other) = scores_from_aggs(&answer).map_err(StoreError::Internal)?;
-        let mut exact =
-            (one_index || other == 0) && !matches!(cat, CategoryFilter::BucketCategory(_));
+        let (scored, complete) = match walk::walkable(&path).filter(|_| !one_index) {
+            // Several monthly indices (days' and hours'): the walk.
+            Some(parts) => {
+                let walked = self
+                    .walk_indices(
+                        &parts,
+                        q.size,
+                        |terms, only| trending_terms(q, hour_prefix, &cat, terms, only),
+                        |answer| {
+                            let (entries, other) = scores_from_aggs(answer)?;
+                            Ok(walk::Terms { entries, other })
+                        },
+                    )
+                    .await?;
+                (walked.entries, walked.exact)
+            }
+            None => {
+                let answer = self
+                    .search(
+                        &format!("/{path}/_search"),
+                        &[],
+                        &trending_query(q, hour_prefix, &cat, one_index),
+                    )
+                    .await?;
+                let (scored, other) = scores_from_aggs(&answer).map_err(StoreError::Internal)?;
+                (scored, one_index || other == 0)
+            }
+        };
+        let mut exact = complete && !matches!(cat, CategoryFilter::BucketCategory(_));
         let picked: Vec<&(String, f64)> = scored.iter().take(q.size).collect();
         let ids: Vec<String> = picked
             .iter()
@@ -277,7 +315,10 @@ mod tests {
             .unwrap();
         assert_eq!(params["boundary"], q.plan.days.end * DAY_MS);
         assert_eq!(params["boundary"], q.plan.hours.start * HOUR_MS);
-        assert_eq!(body["aggs"]["top"]["terms"]["size"], WINDOW_CANDIDATES);
+        assert_eq!(
+            body["aggs"]["top"]["terms"]["size"],
+            query::WINDOW_CANDIDATES
+        );
     }
 
     #[test]
