@@ -19,8 +19,9 @@
 //!    the cut lists. When the `size`-th best summed counter is above `T`,
 //!    no unseen counter can enter the list, nor tie with its last entry:
 //!    the list is exact. Otherwise `k` grows and the walk goes again, up to
-//!    [`WINDOW_CANDIDATES`] terms per index, where it answers its best
-//!    list and says it is not exact.
+//!    [`WINDOW_CANDIDATES`] terms per index (fewer over many months, see
+//!    [`MAX_SEEN`]), where it answers its best list and says it is not
+//!    exact.
 //!
 //! The cost: one search per index and one over the candidates per round;
 //! on the usual data (a few counters far ahead of a long tail) the first
@@ -39,6 +40,14 @@ use crate::store::StoreError;
 /// [`GROWTH`] times more.
 const FIRST_ROUND: usize = 64;
 const GROWTH: usize = 8;
+
+/// Most counters one round may see over all its indices: the candidates'
+/// search filters on their uuids and answers a term each, and the engines
+/// refuse a `terms` query of more than 65,536 values
+/// (`index.max_terms_count`) and an answer of more than 65,535 buckets
+/// (`search.max_buckets`). A window over many months asks fewer terms of
+/// each index.
+const MAX_SEEN: usize = 40_000;
 
 /// A sum the walk compares: counts (`i128`, exact) or trending scores
 /// (`f64`, compared with a margin for the rounding of sums taken in
@@ -113,6 +122,13 @@ impl Counts {
     }
 }
 
+/// Terms a walk for a list of `size` over `indices` indices asks of each
+/// index in its first round, and at most.
+fn terms_per_index(size: usize, indices: usize) -> (usize, usize) {
+    let most = (MAX_SEEN / indices.max(1)).min(WINDOW_CANDIDATES).max(size);
+    (size.saturating_mul(4).max(FIRST_ROUND).min(most), most)
+}
+
 impl ElasticsearchStore {
     /// The best sums of a windowed list of `size` over the indices `path`:
     /// one search when they are one monthly index or a pattern (exact for
@@ -170,7 +186,7 @@ impl ElasticsearchStore {
         parse: impl Fn(&Value) -> Result<Terms<S>, String>,
     ) -> Result<Walked<S>, StoreError> {
         let all = indices.join(",");
-        let mut k = size.saturating_mul(4).clamp(FIRST_ROUND, WINDOW_CANDIDATES);
+        let (mut k, most) = terms_per_index(size, indices.len());
         loop {
             let mut seen: Vec<String> = Vec::new();
             let mut known = std::collections::HashSet::new();
@@ -213,13 +229,13 @@ impl ElasticsearchStore {
                         .entries
                         .get(size.saturating_sub(1))
                         .is_some_and(|(_, last)| size > 0 && last.above(bound)));
-            if settled || k >= WINDOW_CANDIDATES {
+            if settled || k >= most {
                 return Ok(Walked {
                     entries: summed.entries,
                     exact: settled,
                 });
             }
-            k = k.saturating_mul(GROWTH).min(WINDOW_CANDIDATES);
+            k = k.saturating_mul(GROWTH).min(most);
         }
     }
 }
@@ -253,6 +269,20 @@ mod tests {
         let fallback = CategoryFilter::BucketCategory("sports".into());
         assert!(!counts(true, true).exact(&fallback));
         assert!(counts(true, true).exact(&CategoryFilter::Uuids(vec!["a".into()])));
+    }
+
+    #[test]
+    fn rounds_stay_within_what_the_engines_answer() {
+        // Two months: 64 terms first, up to 10,000 each.
+        assert_eq!(terms_per_index(10, 2), (64, 10_000));
+        assert_eq!(terms_per_index(100, 2), (400, 10_000));
+        // Fourteen months (a from/to window over the retention): at most
+        // 40,000 counters seen in all, under the engines' 65,536 terms.
+        let (first, most) = terms_per_index(1000, 14);
+        assert_eq!((first, most), (2_857, 2_857));
+        assert!(14 * most <= MAX_SEEN);
+        // Never fewer than the list's size.
+        assert_eq!(terms_per_index(1000, 100), (1000, 1000));
     }
 
     #[test]
