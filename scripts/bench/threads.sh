@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Per-thread CPU and context switches of the release gateway under one
+# load of scripts/bench.sh, per request: which thread a request's CPU goes
+# to (the tokio workers, the flusher's and the syncer's blocking threads)
+# and how often each is switched out. Read from /proc/<pid>/task/*/{stat,status}
+# before and after the load; no profiler, so nothing is added to the load.
+#
+#   scripts/bench/threads.sh                       # single increments, 10k keys, fsync'd
+#   scripts/bench/threads.sh healthz
+#   BENCH_BIN=/tmp/cg-base scripts/bench/threads.sh # another build
+#   DURATION=10 scripts/bench/threads.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+LOAD=${1:-single}
+DURATION=${DURATION:-8}
+case $LOAD in
+  single) script=(-s scripts/bench/increment.lua) ;;
+  healthz) script=() ;;
+  *) echo "unknown load $LOAD (single, healthz)" >&2; exit 2 ;;
+esac
+if [ -n "${BENCH_BIN:-}" ]; then
+  BIN=$BENCH_BIN
+else
+  cargo build --release --locked --quiet
+  BIN=target/release/counter-gateway
+fi
+work=$(mktemp -d)
+gw=""
+cleanup() {
+  [ -n "$gw" ] && kill "$gw" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --data-dir "$work/data" >"$work/log" 2>&1 &
+gw=$!
+base="http://127.0.0.1:$port"
+for _ in $(seq 100); do curl -sf "$base/healthz" >/dev/null && break; sleep 0.1; done
+url=$base
+[ "$LOAD" = healthz ] && url="$base/healthz"
+wrk -t 2 -c 256 -d 2s "${script[@]}" "$url" >/dev/null
+
+# One line per thread: id, voluntary and involuntary switches, CPU ticks, name.
+snap() {
+  for t in /proc/"$gw"/task/*; do
+    echo "$(basename "$t") $(awk '/^voluntary_ctxt/ {v=$2} /^nonvoluntary_ctxt/ {n=$2} END {print v, n}' "$t/status") $(awk '{print $14 + $15}' "$t/stat") $(cat "$t/comm")"
+  done | sort
+}
+snap >"$work/before"
+out=$(wrk -t 2 -c 256 -d "${DURATION}s" "${script[@]}" "$url")
+snap >"$work/after"
+n=$(echo "$out" | awk '/requests in/ {print $1}')
+echo "$out" | awk '/Requests\/sec/ {print "requests/s " $2}'
+printf '%-8s %-18s %10s %10s %12s\n' "thread" "name" "vol/req" "invol/req" "CPU us/req"
+join "$work/before" "$work/after" | awk -v n="$n" -v tick="$((1000000 / $(getconf CLK_TCK)))" '
+  { dv = $6 - $2; dn = $7 - $3; dc = $8 - $4
+    if (dv + dn + dc > 0) printf "%-8s %-18s %10.3f %10.3f %12.2f\n", $1, $5, dv / n, dn / n, dc * tick / n
+    tv += dv; tn += dn; tc += dc }
+  END { printf "%-8s %-18s %10.3f %10.3f %12.2f\n", "all", "", tv / n, tn / n, tc * tick / n }'
