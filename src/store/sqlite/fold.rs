@@ -20,7 +20,8 @@
 //!   deleted with its last chunk.
 //! - The kept first-N-days totals (`firstdays`) of the chunk's counters
 //!   move with their buckets in the same transaction: the deltas of the
-//!   pass inside a counter's window, one upsert per row.
+//!   pass inside a counter's window, one upsert per row; so do the kept
+//!   trending bounds (`trendkeys`).
 //! - Each chunk's commit and the marking of its counters as current in
 //!   memory (`hot`) happen under one hold of its lock.
 
@@ -156,6 +157,7 @@ pub(super) fn chunk(
     pass: &mut Pass,
     hot: &hot::Shared,
     first_days: &[u32],
+    trend: &[i64],
 ) -> Result<(), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -229,6 +231,9 @@ pub(super) fn chunk(
             }
             for &(hour, d) in &sum.hours {
                 hours.add(cid, hour, d)?;
+            }
+            if !trend.is_empty() {
+                super::trendkeys::fold(&tx, trend, cid, &sum.days, &sum.hours)?;
             }
             if let (Some(put), Some(before)) = (&mut kept, &before) {
                 firstdays::fold(&tx, put, first_days, cid, before, sum.first_ms, &sum.days)?;
@@ -324,7 +329,13 @@ impl super::Writer {
         let Some(pass) = &mut self.pass else {
             return Ok(false);
         };
-        chunk(&mut self.conn, pass, &self.hot, &self.first_days)?;
+        chunk(
+            &mut self.conn,
+            pass,
+            &self.hot,
+            &self.first_days,
+            &self.trend,
+        )?;
         if pass.done() {
             self.pass = None;
         }
