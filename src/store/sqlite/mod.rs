@@ -393,12 +393,30 @@ impl SqliteStore {
         // Rows read for the keys must see every delta logged.
         w.fold_all()?;
         let started = std::time::Instant::now();
-        if trendkeys::keep_now(&mut w.conn, hls)? {
+        let target = self.trend_target();
+        if trendkeys::keep_now(&mut w.conn, hls, target)? {
             tracing::info!(half_lives_ms = ?hls, path = %self.path.display(), took = ?started.elapsed(), "built the kept trending bounds");
         }
         w.trend = trendkeys::kept(&w.conn)?;
+        trendkeys::upkeep(&w.conn, &w.trend, target)?;
         self.hot.lock().trend = w.trend.clone();
         Ok(())
+    }
+
+    /// The first day the hourly retention keeps: the day buckets before it
+    /// are in the kept trending bounds once the upkeep has run.
+    fn trend_target(&self) -> i64 {
+        self.clock.today() - i64::from(self.hourly_retention_days.load(Ordering::Relaxed))
+    }
+
+    /// The background's upkeep of the kept trending bounds, now (tests).
+    #[doc(hidden)]
+    pub fn trending_upkeep(&self) -> Result<u32, StoreError> {
+        let w = self
+            .writer
+            .lock()
+            .map_err(|_| StoreError::Internal("writer lock poisoned".into()))?;
+        trendkeys::upkeep(&w.conn, &w.trend, self.trend_target())
     }
 
     /// The candidates a trending list of a kept half-life scores (0 when

@@ -126,7 +126,11 @@ pub(super) fn top(conn: &Connection, q: &TrendingQuery) -> Result<TrendingList, 
     // One read transaction: the rows summed and the ids bounded by
     // `max_cid` are of one snapshot.
     let tx = conn.unchecked_transaction().map_err(&e)?;
-    let walked = match super::trendkeys::kept(&tx)?.contains(&q.half_life_ms) {
+    // Walked when the bounds are kept for the half-life and hold every day
+    // bucket the plan reads (see `trendkeys`).
+    let bounded = super::trendkeys::kept(&tx)?.contains(&q.half_life_ms)
+        && (q.plan.days.is_empty() || q.plan.days.end <= super::trendkeys::rebased(&tx)?);
+    let walked = match bounded {
         true => {
             let w = walked(&tx, q)?;
             tracing::debug!(

@@ -1,41 +1,51 @@
 //! Kept upper bounds of trending scores, one per counter and kept
 //! half-life (`--trending-half-lives`), so a trending list of a kept
 //! half-life walks the pair's counters best bound first and scores only
-//! the few that may be listed (`trending::top`), instead of every hour and
-//! day row of the plan.
+//! the few that may be listed (`trending::walked`), instead of every hour
+//! and day row of the plan.
 //!
-//! The bound. A count in a bucket of UTC day `d` weighs at most
-//! `2^((end(d) - now) / hl)` whatever bucket it is read from (its hour or
-//! its day, ended or not: every such bucket ends at or before `end(d)`,
-//! and one not ended weighs 1 <= that). So with `P_d >= max(v_d, 0)` and
-//! `P_d >= Σ_h max(v_h, 0)` over the hours of `d` (what a plan may read of
-//! the day: the day bucket, or some of its hours), every list at every
-//! `now` has `score <= U · 2^(-now / hl)`, `U = Σ_d P_d · 2^(end(d) / hl)`.
-//! `U` does not depend on `now`: it is kept, as `key = log2 U` (an f64;
-//! `2^(end / hl)` itself leaves f64 after a few thousand half-lives),
-//! added to by log-sum-exp. A counter whose `U` is 0 has no row: it never
-//! had a positive count, and scores at most 0.
+//! The bound. A count in a bucket ending at `end` weighs
+//! `2^(-max(0, now - end) / hl) <= 2^((end - now) / hl)` at every `now`
+//! (a bucket not yet ended weighs 1). So `U = Σ max(v, 0) · 2^(end / hl)`
+//! over every bucket a list may read gives `score <= U · 2^(-now / hl)`
+//! for every `now`, and `U` does not depend on `now`: it is kept, as
+//! `key = log2 U` (an f64: `2^(end / hl)` itself leaves f64 after a few
+//! thousand half-lives), added to by log-sum-exp. A counter whose `U` is 0
+//! has no row: it scores at most 0.
+//!
+//! Which buckets a list may read: every hour bucket (at its hour's end),
+//! and the day buckets of the days before the hourly retention, at the
+//! day's end. Those days are the days before `R`, the first day not yet
+//! "rebased": when the hourly retention passes a day, the upkeep
+//! ([`upkeep`], in the background, a transaction a day) adds each
+//! counter's day bucket of it to its key, and moves `R` on. A list whose
+//! plan reads a day bucket of a day at or after `R` scans instead (for a
+//! moment after midnight, until the upkeep has run). Bounding today's
+//! counts by their hours' ends, not the day's, keeps the bound within
+//! `2^(1h / hl)` of the score for the hours read (the lead's first design
+//! weighed every count at its day's end: up to twice the score at a 24h
+//! half-life, and three times the candidates in the bench).
 //!
 //! Why it stays a bound:
-//! - The fold (`fold`) adds, per counter and pass, for each day, the
-//!   positive part of each hour's net delta plus the positive part of what
-//!   moved the day without an hour: `max(v + δ, 0) <= max(v, 0) + max(δ, 0)`,
-//!   so both sides of `P_d` stay covered.
+//! - The fold (`fold`) adds, per counter and pass, the positive part of
+//!   each hour's net delta at the hour's end, and of each day's net delta
+//!   at the day's end for days before `R`: `max(v + δ, 0) <= max(v, 0) + max(δ, 0)`.
 //! - Writes that set rows (imports, backfills, direct writes and new
 //!   counters of a flush, deletes) sum the counter's key again from its
 //!   rows ([`recompute`]).
 //! - Retention only deletes rows, which lowers scores.
 //!
-//! Created only when asked for (the flag), built at open from the rows (a
-//! pass over `counters`, `buckets` and `hours` in counter order); the kept
-//! half-lives are rows of counter 0. A store that keeps none pays nothing.
+//! Created only when asked for (the flag), built when the store opens (a
+//! pass over `counters`, `buckets` and `hours` in counter order, about 20 s
+//! at a million counters for three half-lives, before the store serves);
+//! the kept half-lives are rows of counter 0, whose `key` holds `R`. A
+//! store that keeps none pays nothing.
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::sql;
+use crate::domain::trending::{day_end, hour_end};
 use crate::store::StoreError;
-
-const DAY_MS: i64 = 86_400_000;
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS trend_keys (
@@ -55,42 +65,30 @@ pub(super) fn lse(a: f64, b: f64) -> f64 {
     m + (n - m).exp2().ln_1p() / std::f64::consts::LN_2
 }
 
-/// The key of `(day, P_d)` for half-life `hl` (ms): `log2 Σ P_d 2^(end(d)/hl)`;
-/// `None` when no `P_d` is positive.
-fn key_of(days: &[(i64, i128)], hl: i64) -> Option<f64> {
+/// The key of the terms `(end_ms, amount)` for half-life `hl` (ms):
+/// `log2 Σ amount · 2^(end / hl)` over the positive amounts; `None` when
+/// none is positive.
+fn key_of(terms: &[(i64, i128)], hl: i64) -> Option<f64> {
     let mut key: Option<f64> = None;
-    for &(day, p) in days {
-        if p <= 0 {
+    for &(end, a) in terms {
+        if a <= 0 {
             continue;
         }
-        let term = (p as f64).log2() + ((day + 1) * DAY_MS) as f64 / hl as f64;
+        let term = (a as f64).log2() + end as f64 / hl as f64;
         key = Some(key.map_or(term, |k| lse(k, term)));
     }
     key
 }
 
-/// `P_d` per day from a counter's day rows and hour rows (each `(at, value)`,
-/// days sorted, hours sorted): `max(max(v_d, 0), Σ_h max(v_h, 0))`.
-fn bounds_of(days: &[(i64, i64)], hours: &[(i64, i64)]) -> Vec<(i64, i128)> {
-    let mut out: Vec<(i64, i128, i128)> = Vec::new();
-    let slot = |out: &mut Vec<(i64, i128, i128)>, day: i64| -> usize {
-        match out.iter().position(|(d, _, _)| *d == day) {
-            Some(i) => i,
-            None => {
-                out.push((day, 0, 0));
-                out.len() - 1
-            }
-        }
-    };
-    for &(day, v) in days {
-        let i = slot(&mut out, day);
-        out[i].1 += i128::from(v.max(0));
-    }
-    for &(hour, v) in hours {
-        let i = slot(&mut out, hour.div_euclid(24));
-        out[i].2 += i128::from(v.max(0));
-    }
-    out.into_iter().map(|(d, a, b)| (d, a.max(b))).collect()
+/// The terms of a counter's rows: each hour row at its hour's end, each
+/// day row of a day before `r` at the day's end.
+fn terms_of(days: &[(i64, i64)], hours: &[(i64, i64)], r: i64) -> Vec<(i64, i128)> {
+    let hours = hours.iter().map(|&(h, v)| (hour_end(h), i128::from(v)));
+    let days = days
+        .iter()
+        .filter(|(d, _)| *d < r)
+        .map(|&(d, v)| (day_end(d), i128::from(v)));
+    hours.chain(days).collect()
 }
 
 /// Whether the store keeps keys at all (the table exists).
@@ -108,15 +106,25 @@ pub(super) fn kept(conn: &Connection) -> Result<Vec<i64>, StoreError> {
     if !exists(conn)? {
         return Ok(Vec::new());
     }
-    conn.prepare("SELECT hl FROM trend_keys WHERE cid = 0 ORDER BY hl")
+    conn.prepare_cached("SELECT hl FROM trend_keys WHERE cid = 0 ORDER BY hl")
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
         .map_err(sql("trendkeys::kept"))
 }
 
-/// Makes `hls` the kept half-lives, building every key from the rows when
-/// they differ from those kept (an empty set drops the table). Its own
-/// transaction on the writer's connection; returns whether it rebuilt.
-pub(super) fn keep_now(conn: &mut Connection, hls: &[i64]) -> Result<bool, StoreError> {
+/// `R`: the first day whose day bucket is not in the keys (see the module
+/// documentation).
+pub(super) fn rebased(conn: &Connection) -> Result<i64, StoreError> {
+    conn.prepare_cached("SELECT key FROM trend_keys WHERE cid = 0 LIMIT 1")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, f64>(0)).optional())
+        .map(|r| r.map_or(i64::MIN, |r| r as i64))
+        .map_err(sql("trendkeys::rebased"))
+}
+
+/// Makes `hls` the kept half-lives, building every key from the rows (with
+/// `R = r`) when they differ from those kept (an empty set drops the
+/// table). Its own transaction on the writer's connection; returns whether
+/// it rebuilt.
+pub(super) fn keep_now(conn: &mut Connection, hls: &[i64], r: i64) -> Result<bool, StoreError> {
     let mut want = hls.to_vec();
     want.sort_unstable();
     want.dedup();
@@ -140,7 +148,9 @@ pub(super) fn keep_now(conn: &mut Connection, hls: &[i64]) -> Result<bool, Store
             .prepare("SELECT cid, entity, action FROM counters ORDER BY cid")
             .map_err(&e)?;
         let mut buckets = tx
-            .prepare("SELECT cid, day, value FROM buckets INDEXED BY buckets_by_counter ORDER BY cid, day")
+            .prepare(
+                "SELECT cid, day, value FROM buckets INDEXED BY buckets_by_counter ORDER BY cid, day",
+            )
             .map_err(&e)?;
         let mut hours = tx
             .prepare(
@@ -184,10 +194,10 @@ pub(super) fn keep_now(conn: &mut Connection, hls: &[i64]) -> Result<bool, Store
                     }
                 }
             }
-            let bounds = bounds_of(&days, &hrs);
+            let terms = terms_of(&days, &hrs, r);
             let (entity, action): (String, String) = (c.get(1).map_err(&e)?, c.get(2).map_err(&e)?);
             for &hl in &want {
-                if let Some(key) = key_of(&bounds, hl) {
+                if let Some(key) = key_of(&terms, hl) {
                     insert
                         .execute(params![cid, hl, entity, action, key])
                         .map_err(&e)?;
@@ -195,11 +205,70 @@ pub(super) fn keep_now(conn: &mut Connection, hls: &[i64]) -> Result<bool, Store
             }
         }
         for &hl in &want {
-            insert.execute(params![0, hl, "", "", 0.0]).map_err(&e)?;
+            insert
+                .execute(params![0, hl, "", "", r as f64])
+                .map_err(&e)?;
         }
     }
     tx.commit().map_err(&e)?;
     Ok(true)
+}
+
+/// Moves `R` on to `target` (the first day the hourly retention keeps),
+/// a day per transaction: each counter's positive day bucket of the day
+/// added to its keys. Returns how many days it rebased.
+pub(super) fn upkeep(conn: &Connection, hls: &[i64], target: i64) -> Result<u32, StoreError> {
+    if hls.is_empty() {
+        return Ok(0);
+    }
+    let e = sql("trendkeys::upkeep");
+    let mut done = 0;
+    loop {
+        let r = rebased(conn)?;
+        if r >= target {
+            return Ok(done);
+        }
+        let tx = conn.unchecked_transaction().map_err(&e)?;
+        let rows: Vec<(i64, i64)> = tx
+            .prepare_cached("SELECT cid, value FROM buckets WHERE day = ?1 AND value > 0")
+            .and_then(|mut s| s.query_map([r], |x| Ok((x.get(0)?, x.get(1)?)))?.collect())
+            .map_err(&e)?;
+        for (cid, v) in rows {
+            for &hl in hls {
+                if let Some(key) = key_of(&[(day_end(r), i128::from(v))], hl) {
+                    add(&tx, cid, hl, key)?;
+                }
+            }
+        }
+        tx.prepare_cached("UPDATE trend_keys SET key = ?1 WHERE cid = 0")
+            .and_then(|mut s| s.execute([(r + 1) as f64]))
+            .map_err(&e)?;
+        tx.commit().map_err(&e)?;
+        done += 1;
+    }
+}
+
+/// Adds `2^term` to the key of (`cid`, `hl`), creating it.
+fn add(conn: &Connection, cid: i64, hl: i64, term: f64) -> Result<(), StoreError> {
+    let e = sql("trendkeys::add");
+    let old: Option<f64> = conn
+        .prepare_cached("SELECT key FROM trend_keys WHERE cid = ?1 AND hl = ?2")
+        .and_then(|mut s| s.query_row([cid, hl], |r| r.get(0)).optional())
+        .map_err(&e)?;
+    match old {
+        Some(old) => conn
+            .prepare_cached("UPDATE trend_keys SET key = ?3 WHERE cid = ?1 AND hl = ?2")
+            .and_then(|mut s| s.execute(params![cid, hl, lse(old, term)]))
+            .map_err(&e)?,
+        None => conn
+            .prepare_cached(
+                "INSERT INTO trend_keys (cid, hl, entity, action, key)
+                 SELECT cid, ?2, entity, action, ?3 FROM counters WHERE cid = ?1",
+            )
+            .and_then(|mut s| s.execute(params![cid, hl, term]))
+            .map_err(&e)?,
+    };
+    Ok(())
 }
 
 /// Sums the keys of counter `cid` again from its rows (none when it is
@@ -222,9 +291,10 @@ pub(super) fn recompute(conn: &Connection, hls: &[i64], cid: i64) -> Result<(), 
     let Some((entity, action)) = pair else {
         return Ok(());
     };
-    let bounds = bounds_of(
+    let terms = terms_of(
         &rows(conn, cid, "buckets", "day")?,
         &rows(conn, cid, "hours", "hour")?,
+        rebased(conn)?,
     );
     let mut insert = conn
         .prepare_cached(
@@ -232,7 +302,7 @@ pub(super) fn recompute(conn: &Connection, hls: &[i64], cid: i64) -> Result<(), 
         )
         .map_err(&e)?;
     for &hl in hls {
-        if let Some(key) = key_of(&bounds, hl) {
+        if let Some(key) = key_of(&terms, hl) {
             insert
                 .execute(params![cid, hl, entity, action, key])
                 .map_err(&e)?;
@@ -268,40 +338,20 @@ pub(super) fn fold(
     days: &[(i64, i128)],
     hours: &[(i64, i128)],
 ) -> Result<(), StoreError> {
-    // Per day: the positive parts of its hours' deltas and of the rest.
-    let mut added: Vec<(i64, i128)> = Vec::with_capacity(days.len());
-    for &(day, d) in days {
-        let (mut up, mut net) = (0i128, 0i128);
-        for &(hour, h) in hours {
-            if hour.div_euclid(24) == day {
-                up += h.max(0);
-                net += h;
-            }
-        }
-        added.push((day, up + (d - net).max(0)));
-    }
-    let e = sql("trendkeys::fold");
+    let r = rebased(conn)?;
+    let terms: Vec<(i64, i128)> = hours
+        .iter()
+        .map(|&(h, d)| (hour_end(h), d))
+        .chain(
+            days.iter()
+                .filter(|(day, _)| *day < r)
+                .map(|&(day, d)| (day_end(day), d)),
+        )
+        .collect();
     for &hl in hls {
-        let Some(add) = key_of(&added, hl) else {
-            continue;
-        };
-        let old: Option<f64> = conn
-            .prepare_cached("SELECT key FROM trend_keys WHERE cid = ?1 AND hl = ?2")
-            .and_then(|mut s| s.query_row([cid, hl], |r| r.get(0)).optional())
-            .map_err(&e)?;
-        match old {
-            Some(old) => conn
-                .prepare_cached("UPDATE trend_keys SET key = ?3 WHERE cid = ?1 AND hl = ?2")
-                .and_then(|mut s| s.execute(params![cid, hl, lse(old, add)]))
-                .map_err(&e)?,
-            None => conn
-                .prepare_cached(
-                    "INSERT INTO trend_keys (cid, hl, entity, action, key)
-                     SELECT cid, ?2, entity, action, ?3 FROM counters WHERE cid = ?1",
-                )
-                .and_then(|mut s| s.execute(params![cid, hl, add]))
-                .map_err(&e)?,
-        };
+        if let Some(key) = key_of(&terms, hl) {
+            add(conn, cid, hl, key)?;
+        }
     }
     Ok(())
 }
@@ -337,6 +387,7 @@ pub(super) fn walk(
 pub(super) fn assert_bounds(conn: &Connection) {
     let hls = kept(conn).unwrap();
     assert!(!hls.is_empty(), "no half-life kept");
+    let r = rebased(conn).unwrap();
     let cids: Vec<i64> = conn
         .prepare("SELECT cid FROM counters")
         .unwrap()
@@ -345,9 +396,10 @@ pub(super) fn assert_bounds(conn: &Connection) {
         .collect::<Result<_, _>>()
         .unwrap();
     for cid in cids {
-        let bounds = bounds_of(
+        let terms = terms_of(
             &rows(conn, cid, "buckets", "day").unwrap(),
             &rows(conn, cid, "hours", "hour").unwrap(),
+            r,
         );
         for &hl in &hls {
             let kept: Option<f64> = conn
@@ -358,7 +410,7 @@ pub(super) fn assert_bounds(conn: &Connection) {
                 )
                 .optional()
                 .unwrap();
-            match (key_of(&bounds, hl), kept) {
+            match (key_of(&terms, hl), kept) {
                 (None, _) => {}
                 (Some(want), Some(k)) => {
                     assert!(k >= want - 1e-9, "cid {cid} hl {hl}: kept {k} < {want}")
@@ -373,6 +425,8 @@ pub(super) fn assert_bounds(conn: &Connection) {
 mod tests {
     use super::*;
 
+    const DAY: i64 = 86_400_000;
+
     #[test]
     fn log_sum_exp_adds_powers_of_two() {
         assert_eq!(lse(3.0, 3.0), 4.0);
@@ -382,18 +436,19 @@ mod tests {
     }
 
     #[test]
-    fn a_day_is_bounded_by_its_day_row_or_its_hours_whichever_is_more() {
-        // Day 10: row 5, hours 4 and -3 (positive part 4): 5. Day 11: row
-        // -2, hours 3 and 3: 6. Day 12: only a day row, negative: 0.
-        let b = bounds_of(
-            &[(10, 5), (11, -2), (12, -1)],
-            &[(240, 4), (241, -3), (264, 3), (265, 3)],
+    fn hours_count_at_their_ends_and_days_only_before_r() {
+        // Day 10 (before R = 11): its row 5 at the day's end; day 11: its
+        // row left to its hours (4 at 264's end, -3 not at all).
+        let t = terms_of(&[(10, 5), (11, 7)], &[(264, 4), (265, -3)], 11);
+        assert_eq!(
+            t,
+            vec![(265 * 3_600_000, 4), (266 * 3_600_000, -3), (11 * DAY, 5)]
         );
-        assert_eq!(b, vec![(10, 5), (11, 6), (12, 0)]);
-        assert_eq!(key_of(&[(12, 0)], 3_600_000), None);
-        let k = key_of(&b, DAY_MS).unwrap();
-        // 5·2^11 + 6·2^12 = 34,816.
-        assert!((k - 34_816f64.log2()).abs() < 1e-12);
+        assert_eq!(key_of(&[(DAY, 0), (DAY, -1)], 3_600_000), None);
+        // 4·2^(265/24) + 5·2^11 with a day's half-life.
+        let k = key_of(&t, DAY).unwrap();
+        let want = (4.0 * (265.0f64 / 24.0).exp2() + 5.0 * 2048.0).log2();
+        assert!((k - want).abs() < 1e-12, "{k} {want}");
     }
 }
 
@@ -442,6 +497,9 @@ mod against_the_scan {
         )
         .unwrap();
         let kept = [HOUR, 24 * HOUR, 7 * 24 * HOUR];
+        // Hour buckets for today and the two days before (the plans'
+        // `hourly_days` of 3 below).
+        store.set_hourly_retention(2);
         store.set_trending_half_lives(&kept).unwrap();
         let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -501,6 +559,12 @@ mod against_the_scan {
                 .await
                 .unwrap();
             super::assert_bounds(&conn);
+            // Every other step, the upkeep runs before the lists (else they
+            // come after a midnight it has not seen: scanned).
+            if step % 2 == 0 {
+                assert!(store.trending_upkeep().unwrap() <= 1);
+                super::assert_bounds(&conn);
+            }
             for hl in [HOUR, 3 * HOUR, 24 * HOUR, 7 * 24 * HOUR] {
                 for size in [1, 3, 10, 100] {
                     for category in [None, Some("a")] {
