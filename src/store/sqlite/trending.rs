@@ -17,6 +17,20 @@
 //! is. What is left is SQLite's own step per row (three quarters of a
 //! list's CPU at a million counters).
 //!
+//! A half-life the store keeps bounds for (`--trending-half-lives`,
+//! `trendkeys`) is not scanned: the pair's counters are walked best
+//! bound first through an index ([`walked`]), each scored exactly from
+//! its own rows (the `(cid, hour)` and `(cid, day)` indexes) with the same
+//! additions in the same order as the scan (so the same doubles, bit for
+//! bit, and the same tie-break), until the next bound is below the
+//! `size`-th score: about a hundred candidates for a top 100 of a million
+//! counters in the bench. The walk gives up to the scan when it passes
+//! [`WALK_MAX`] candidates (a bad case costs about a scan more), when the
+//! counters with a bound run out before `size` positive scores (the
+//! others score 0 at most, and are listed at 0 by the scan), and when the
+//! plan reads a day bucket the bounds do not hold yet (after midnight,
+//! until the upkeep has run).
+//!
 //! Memory, for the request's length: 16 bytes and a bit per counter id of
 //! the store while ids stay under [`DENSE_MAX_CID`] (64 MiB at most), else
 //! a map entry (about 40 bytes) per counter with a bucket in the plan; and
