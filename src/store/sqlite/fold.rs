@@ -37,7 +37,9 @@ use crate::store::StoreError;
 /// writer, so a flush waiting behind a chunk waits that long at most.
 pub(super) const CHUNK: usize = 2_000;
 
-/// [`CHUNK`] in a store that keeps first-N-days totals (`firstdays`): each
+/// [`CHUNK`] in a store that keeps first-N-days totals (`firstdays`) or
+/// trending bounds (`trendkeys`, a read and a write per counter and kept
+/// half-life): each
 /// counter then also costs a lookup of its publication and up to one
 /// upsert per kept N, and fresh counters (inside their first days) pay all
 /// of them, so a chunk of 2,000 held flushes behind it long enough to show
@@ -162,7 +164,7 @@ pub(super) fn chunk(
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql("fold::chunk"))?;
-    let size = if first_days.is_empty() {
+    let size = if first_days.is_empty() && trend.is_empty() {
         CHUNK
     } else {
         CHUNK_KEPT
