@@ -398,7 +398,13 @@ impl SqliteStore {
             tracing::info!(half_lives_ms = ?hls, path = %self.path.display(), took = ?started.elapsed(), "built the kept trending bounds");
         }
         w.trend = trendkeys::kept(&w.conn)?;
-        trendkeys::upkeep(&w.conn, &w.trend, target)?;
+        trendkeys::upkeep(
+            &w.conn,
+            &w.trend,
+            target,
+            trendkeys::UPKEEP_ROWS,
+            usize::MAX,
+        )?;
         self.hot.lock().trend = w.trend.clone();
         Ok(())
     }
@@ -409,14 +415,15 @@ impl SqliteStore {
         self.clock.today() - i64::from(self.hourly_retention_days.load(Ordering::Relaxed))
     }
 
-    /// The background's upkeep of the kept trending bounds, now (tests).
+    /// The background's upkeep of the kept trending bounds, now, `rows`
+    /// bucket rows a transaction, at most `chunks` of them (tests).
     #[doc(hidden)]
-    pub fn trending_upkeep(&self) -> Result<u32, StoreError> {
+    pub fn trending_upkeep(&self, rows: usize, chunks: usize) -> Result<usize, StoreError> {
         let w = self
             .writer
             .lock()
             .map_err(|_| StoreError::Internal("writer lock poisoned".into()))?;
-        trendkeys::upkeep(&w.conn, &w.trend, self.trend_target())
+        trendkeys::upkeep(&w.conn, &w.trend, self.trend_target(), rows, chunks)
     }
 
     /// The candidates a trending list of a kept half-life scores (0 when
