@@ -17,8 +17,9 @@
 //! and the day buckets of the days before the hourly retention, at the
 //! day's end. Those days are the days before `R`, the first day not yet
 //! "rebased": when the hourly retention passes a day, the upkeep
-//! ([`upkeep`], in the background, a transaction a day) adds each
-//! counter's day bucket of it to its key, and moves `R` on. A list whose
+//! ([`upkeep`], in the background, [`UPKEEP_ROWS`] bucket rows a
+//! transaction) adds each counter's day bucket of it to its key, and
+//! moves `R` on when the day is done. A list whose
 //! plan reads a day bucket of a day at or after `R` scans instead (for a
 //! moment after midnight, until the upkeep has run). Bounding today's
 //! counts by their hours' ends, not the day's, keeps the bound within
