@@ -267,9 +267,10 @@ pub(super) fn upkeep(
                  WHERE day = ?1 AND cid > ?2 AND value > 0 ORDER BY cid LIMIT ?3",
             )
             .and_then(|mut s| {
-                s.query_map(params![r, after, rows as i64], |x| {
-                    Ok((x.get(0)?, x.get(1)?))
-                })?
+                s.query_map(
+                    params![r, after, i64::try_from(rows).unwrap_or(i64::MAX)],
+                    |x| Ok((x.get(0)?, x.get(1)?)),
+                )?
                 .collect()
             })
             .map_err(&e)?;
