@@ -608,6 +608,34 @@ mod against_the_scan {
                     .collect();
                 store.set_days(sets, 0).await.unwrap();
             }
+            if step % 7 == 3 {
+                let day = now.div_euclid(DAY);
+                let import = crate::store::CounterImport {
+                    key: key(rng.next(80)),
+                    before: 0,
+                    days: (0..3)
+                        .map(|i| crate::store::Bucket {
+                            day: day - 1 - 4 * i - rng.next(2) as i64,
+                            value: rng.next(60) as i64 - 10,
+                        })
+                        .collect(),
+                    category: None,
+                    first_ms: now - 20 * DAY,
+                    recorded_ms: now,
+                    hours: None,
+                };
+                let out = store
+                    .import(crate::store::ImportBatch {
+                        counters: vec![import],
+                        averages: vec![],
+                        days: vec![],
+                        marks: vec![],
+                        oldest_day: 0,
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(out, crate::store::ImportOutcome::Applied);
+            }
             if step % 9 == 4 {
                 store.delete(&key(rng.next(80))).await.unwrap();
             }
