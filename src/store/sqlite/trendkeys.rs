@@ -546,14 +546,19 @@ mod against_the_scan {
     async fn walked_lists_are_the_scans_bit_for_bit() {
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new(chrono::DateTime::from_timestamp_millis(START).unwrap());
-        let store = SqliteStore::open(
-            dir.path(),
-            Durability::Relaxed,
-            std::time::Duration::from_secs(60),
-            400,
-            clock.clock(),
-        )
-        .unwrap();
+        let open = || {
+            let store = SqliteStore::open(
+                dir.path(),
+                Durability::Relaxed,
+                std::time::Duration::from_secs(60),
+                400,
+                clock.clock(),
+            )
+            .unwrap();
+            store.set_hourly_retention(2);
+            store
+        };
+        let mut store = open();
         let kept = [HOUR, 24 * HOUR, 7 * 24 * HOUR];
         // Hour buckets for today and the two days before (the plans'
         // `hourly_days` of 3 below).
@@ -607,6 +612,13 @@ mod against_the_scan {
                     })
                     .collect();
                 store.set_days(sets, 0).await.unwrap();
+            }
+            if step == 30 {
+                // A restart: the bounds kept stay kept (by the new
+                // counters of the flushes below too), nothing rebuilt.
+                drop(store);
+                store = open();
+                store.set_trending_half_lives(&kept).unwrap();
             }
             if step % 7 == 3 {
                 let day = now.div_euclid(DAY);
