@@ -195,8 +195,8 @@ pub struct StoreArgs {
     /// counters best bound first instead of scanning every hour and day
     /// row of the plan (scripts/bench/README.md, "Trending"). Built when the
     /// store opens (seconds a million counters), kept by every write of
-    /// buckets; other half-lives scan. None when not given; the default
-    /// store only (tenants scan).
+    /// buckets; other half-lives scan. None when not given; every store
+    /// (each tenant's when it opens) keeps them.
     #[arg(long, env = "COUNTER_GATEWAY_TRENDING_HALF_LIVES", value_delimiter = ',', value_parser = crate::domain::trending::parse_half_life)]
     pub trending_half_lives: Vec<i64>,
 

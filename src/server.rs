@@ -115,6 +115,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                     args.store.retention_days,
                     args.store.hourly_retention_days,
                     kept_days,
+                    args.store.trending_half_lives.clone(),
                     clock.clone(),
                 ),
             )
