@@ -189,6 +189,17 @@ pub struct StoreArgs {
     #[arg(long, env = "COUNTER_GATEWAY_MILESTONE_DAYS", value_delimiter = ',')]
     pub milestone_days: Option<Vec<u32>>,
 
+    /// The trending half-lives (comma-separated, e.g. `24h,7d`) whose score
+    /// bounds the embedded store keeps per counter, so a
+    /// `GET /v1/trending/...?half_life=` list of one of them walks a few
+    /// counters best bound first instead of scanning every hour and day
+    /// row of the plan (scripts/bench/README.md, "Trending"). Built when the
+    /// store opens (seconds a million counters), kept by every write of
+    /// buckets; other half-lives scan. None when not given; every store
+    /// (each tenant's when it opens) keeps them.
+    #[arg(long, env = "COUNTER_GATEWAY_TRENDING_HALF_LIVES", value_delimiter = ',', value_parser = crate::domain::trending::parse_half_life)]
+    pub trending_half_lives: Vec<i64>,
+
     /// How far ahead of the server clock an event timestamp may be.
     #[arg(long, env = "COUNTER_GATEWAY_MAX_CLOCK_SKEW", default_value = "5m", value_parser = humantime::parse_duration)]
     pub max_clock_skew: Duration,

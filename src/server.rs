@@ -98,6 +98,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             store
                 .set_milestone_days(&kept_days.0, kept_days.1)
                 .map_err(|e| e.to_string())?;
+            store
+                .set_trending_half_lives(&args.store.trending_half_lives)
+                .map_err(|e| e.to_string())?;
             tracing::info!(data_dir = %args.store.data_dir.display(), durability = ?args.store.durability, "embedded store open");
             actor_key = match &configured_secret {
                 Some(k) => k.clone(),
@@ -112,6 +115,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
                     args.store.retention_days,
                     args.store.hourly_retention_days,
                     kept_days,
+                    args.store.trending_half_lives.clone(),
                     clock.clone(),
                 ),
             )

@@ -153,13 +153,17 @@ pub fn embedded_hourly(
         retention_days,
         hourly_retention_days,
         (crate::domain::milestone::DEFAULT_KEPT_DAYS.to_vec(), false),
+        Vec::new(),
         clock,
     )
 }
 
 /// [`embedded_hourly`] with the `first_<N>_days` lists whose totals each
 /// tenant keeps (`--milestone-days`) and whether it builds them when it
-/// opens (the flag was given) or at its first list of one of them.
+/// opens (the flag was given) or at its first list of one of them; and
+/// the trending half-lives whose bounds each keeps
+/// (`--trending-half-lives`, built when a tenant's store opens).
+#[allow(clippy::too_many_arguments)]
 pub fn embedded_kept(
     data_dir: &Path,
     durability: Durability,
@@ -167,6 +171,7 @@ pub fn embedded_kept(
     retention_days: u32,
     hourly_retention_days: u32,
     milestone_days: (Vec<u32>, bool),
+    trending_half_lives: Vec<i64>,
     clock: Clock,
 ) -> Arc<dyn TenantStores> {
     Arc::new(Embedded {
@@ -176,6 +181,7 @@ pub fn embedded_kept(
         retention_days,
         hourly_retention_days,
         milestone_days,
+        trending_half_lives,
         clock,
     })
 }
@@ -187,6 +193,7 @@ struct Embedded {
     retention_days: u32,
     hourly_retention_days: u32,
     milestone_days: (Vec<u32>, bool),
+    trending_half_lives: Vec<i64>,
     clock: Clock,
 }
 
@@ -204,6 +211,7 @@ impl TenantStores for Embedded {
         .and_then(|s| {
             s.set_hourly_retention(self.hourly_retention_days);
             s.set_milestone_days(&self.milestone_days.0, self.milestone_days.1)?;
+            s.set_trending_half_lives(&self.trending_half_lives)?;
             Ok(Arc::new(s) as Arc<dyn Store>)
         })
         .map_err(|e| e.to_string())

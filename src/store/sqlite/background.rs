@@ -279,6 +279,22 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
             job.hourly_retention_days
                 .load(std::sync::atomic::Ordering::Relaxed),
         );
+    // The kept trending bounds take in the days the hours no longer cover
+    // (a transaction of a few tens of milliseconds per pass).
+    match super::trendkeys::upkeep(
+        &w.conn,
+        &w.trend,
+        hours_first,
+        super::trendkeys::UPKEEP_ROWS,
+        1,
+    ) {
+        Ok(0) => {}
+        Ok(_) => nothing_to_do = false,
+        Err(e) => {
+            tracing::warn!("trending bounds upkeep failed (retried later): {e}");
+            nothing_to_do = false;
+        }
+    }
     match super::hours::expire(&w.conn, hours_first, RETAIN_BUDGET) {
         Ok(n) => {
             w.hours_from = w.hours_from.max(hours_first);

@@ -20,7 +20,8 @@
 //!   deleted with its last chunk.
 //! - The kept first-N-days totals (`firstdays`) of the chunk's counters
 //!   move with their buckets in the same transaction: the deltas of the
-//!   pass inside a counter's window, one upsert per row.
+//!   pass inside a counter's window, one upsert per row; so do the kept
+//!   trending bounds (`trendkeys`).
 //! - Each chunk's commit and the marking of its counters as current in
 //!   memory (`hot`) happen under one hold of its lock.
 
@@ -36,7 +37,9 @@ use crate::store::StoreError;
 /// writer, so a flush waiting behind a chunk waits that long at most.
 pub(super) const CHUNK: usize = 2_000;
 
-/// [`CHUNK`] in a store that keeps first-N-days totals (`firstdays`): each
+/// [`CHUNK`] in a store that keeps first-N-days totals (`firstdays`) or
+/// trending bounds (`trendkeys`, a read and a write per counter and kept
+/// half-life): each
 /// counter then also costs a lookup of its publication and up to one
 /// upsert per kept N, and fresh counters (inside their first days) pay all
 /// of them, so a chunk of 2,000 held flushes behind it long enough to show
@@ -156,11 +159,12 @@ pub(super) fn chunk(
     pass: &mut Pass,
     hot: &hot::Shared,
     first_days: &[u32],
+    trend: &[i64],
 ) -> Result<(), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql("fold::chunk"))?;
-    let size = if first_days.is_empty() {
+    let size = if first_days.is_empty() && trend.is_empty() {
         CHUNK
     } else {
         CHUNK_KEPT
@@ -229,6 +233,9 @@ pub(super) fn chunk(
             }
             for &(hour, d) in &sum.hours {
                 hours.add(cid, hour, d)?;
+            }
+            if !trend.is_empty() {
+                super::trendkeys::fold(&tx, trend, cid, &sum.days, &sum.hours)?;
             }
             if let (Some(put), Some(before)) = (&mut kept, &before) {
                 firstdays::fold(&tx, put, first_days, cid, before, sum.first_ms, &sum.days)?;
@@ -324,7 +331,13 @@ impl super::Writer {
         let Some(pass) = &mut self.pass else {
             return Ok(false);
         };
-        chunk(&mut self.conn, pass, &self.hot, &self.first_days)?;
+        chunk(
+            &mut self.conn,
+            pass,
+            &self.hot,
+            &self.first_days,
+            &self.trend,
+        )?;
         if pass.done() {
             self.pass = None;
         }

@@ -84,6 +84,9 @@ pub(super) struct Hot {
     /// (`windows`): under the same lock, so that a flush's rows, its
     /// counters' state and their totals are seen together or not at all.
     pub windows: super::windows::memory::Memory,
+    /// The half-lives whose trending bounds are kept (`trendkeys`), for
+    /// the flush's writes of new counters and direct rows.
+    pub trend: Vec<i64>,
 }
 
 impl Hot {

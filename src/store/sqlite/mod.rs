@@ -87,6 +87,7 @@ mod queries;
 mod schema;
 mod transfer;
 mod trending;
+mod trendkeys;
 mod windows;
 mod write;
 
@@ -210,6 +211,9 @@ struct Writer {
     /// from the first list of one of them on (or from start-up when the
     /// flag is given).
     first_days_wanted: Vec<u32>,
+    /// The half-lives (ms) whose trending bounds the store keeps
+    /// (`trendkeys`), ascending: what every write of buckets keeps valid.
+    trend: Vec<i64>,
 }
 
 impl Writer {
@@ -267,6 +271,8 @@ impl SqliteStore {
         let hot = hot::Shared::default();
         let hours_from = hours::from_day(&conn)?;
         let first_days = firstdays::kept(&conn)?;
+        let trend = trendkeys::kept(&conn)?;
+        hot.lock().trend = trend.clone();
         let mut writer = Writer {
             conn,
             hot: hot.clone(),
@@ -276,6 +282,7 @@ impl SqliteStore {
             hours_from,
             first_days: first_days.clone(),
             first_days_wanted: Vec::new(),
+            trend: trend.clone(),
         };
         // What a crash left in the change log is folded before anything
         // reads: the rows are then exact, and nothing is pending.
@@ -300,6 +307,7 @@ impl SqliteStore {
             hours_from,
             first_days,
             first_days_wanted: firstdays::DEFAULT_KEPT.to_vec(),
+            trend,
         }));
         let hourly_retention_days = Arc::new(std::sync::atomic::AtomicU32::new(
             crate::domain::hours::DEFAULT_HOURLY_RETENTION_DAYS,
@@ -370,6 +378,78 @@ impl SqliteStore {
             w.build_first_days(&self.path)?;
         }
         Ok(())
+    }
+
+    /// Which half-lives (ms) trending bounds are kept for
+    /// (`--trending-half-lives`; none until set): built here from the rows
+    /// when they differ from those kept (a pass over every counter, before
+    /// the store serves), dropped when `hls` is empty. Lists of other
+    /// half-lives scan the plan's rows.
+    pub fn set_trending_half_lives(&self, hls: &[i64]) -> Result<(), StoreError> {
+        let mut w = self
+            .writer
+            .lock()
+            .map_err(|_| StoreError::Internal("writer lock poisoned".into()))?;
+        // Rows read for the keys must see every delta logged.
+        w.fold_all()?;
+        let started = std::time::Instant::now();
+        let target = self.trend_target();
+        if trendkeys::keep_now(&mut w.conn, hls, target)? {
+            tracing::info!(half_lives_ms = ?hls, path = %self.path.display(), took = ?started.elapsed(), "built the kept trending bounds");
+        }
+        w.trend = trendkeys::kept(&w.conn)?;
+        // Before the store serves: a day per transaction (a commit per
+        // 2,000 rows made a day of 70,000 rows take several times longer).
+        trendkeys::upkeep(&w.conn, &w.trend, target, usize::MAX, usize::MAX)?;
+        self.hot.lock().trend = w.trend.clone();
+        Ok(())
+    }
+
+    /// The first day the hourly retention keeps: the day buckets before it
+    /// are in the kept trending bounds once the upkeep has run.
+    fn trend_target(&self) -> i64 {
+        self.clock.today() - i64::from(self.hourly_retention_days.load(Ordering::Relaxed))
+    }
+
+    /// The background's upkeep of the kept trending bounds, now, `rows`
+    /// bucket rows a transaction, at most `chunks` of them (tests).
+    #[doc(hidden)]
+    pub fn trending_upkeep(&self, rows: usize, chunks: usize) -> Result<usize, StoreError> {
+        let w = self
+            .writer
+            .lock()
+            .map_err(|_| StoreError::Internal("writer lock poisoned".into()))?;
+        trendkeys::upkeep(&w.conn, &w.trend, self.trend_target(), rows, chunks)
+    }
+
+    /// The candidates a trending list of a kept half-life scores (0 when
+    /// none is kept for it) and whether the walk decided the list, for
+    /// the bench's notes and tests.
+    #[doc(hidden)]
+    pub async fn trending_walk(
+        &self,
+        query: &super::TrendingQuery,
+    ) -> Result<(usize, bool), StoreError> {
+        self.fold_now().await?;
+        let query = query.clone();
+        self.with_reader(move |c| {
+            let w = trending::walked(c, &query)?;
+            Ok((w.candidates, w.entries.is_some()))
+        })
+        .await
+    }
+
+    /// The trending list by the scan of the plan's rows, whatever bounds
+    /// are kept: what tests hold the walk to.
+    #[doc(hidden)]
+    pub async fn trending_by_scan(
+        &self,
+        query: &super::TrendingQuery,
+    ) -> Result<super::TrendingList, StoreError> {
+        self.fold_now().await?;
+        let query = query.clone();
+        self.with_reader(move |c| trending::top_scanned(c, &query))
+            .await
     }
 
     /// The `first_<N>_days` list summed by a pass over the pair's counters
@@ -547,6 +627,7 @@ impl Store for SqliteStore {
             if let Some(cid) = cid {
                 tx.execute("DELETE FROM buckets WHERE cid = ?1", [cid]).map_err(sql("store::delete"))?;
                 firstdays::recompute(&tx, &w.first_days, cid)?;
+                trendkeys::recompute(&tx, &w.trend, cid)?;
                 hours::forget(&tx, cid)?;
                 windows::forget(&tx, cid)?;
             }
@@ -771,6 +852,7 @@ impl Store for SqliteStore {
                 if matches!(out, DaysOutcome::Applied { .. }) {
                     for &cid in &cids {
                         firstdays::recompute(&tx, &w.first_days, cid)?;
+                        trendkeys::recompute(&tx, &w.trend, cid)?;
                     }
                     backfill::commit_set_directly(tx, &w.hot, &cids, sets.iter().map(|s| &s.key))?;
                 }
@@ -924,6 +1006,7 @@ impl Store for SqliteStore {
                 if out == ImportOutcome::Applied {
                     for &cid in &cids {
                         firstdays::recompute(&tx, &w.first_days, cid)?;
+                        trendkeys::recompute(&tx, &w.trend, cid)?;
                     }
                     let keys = batch.counters.iter().map(|c| &c.key);
                     backfill::commit_set_directly(

@@ -32,7 +32,11 @@ use crate::store::StoreError;
 /// kept by this build's writes once a store has them (created by the first
 /// list that needs them, or at start-up with `--milestone-days`): an older
 /// build would leave them behind, so it refuses the database.
-const SCHEMA_VERSION: i64 = 10;
+/// 11: kept trending bounds (`trendkeys`), kept by this build's writes
+/// once a store has them (built at start-up with `--trending-half-lives`):
+/// an older build would leave them behind, so it refuses the database.
+/// Nothing to migrate: a store of version 10 has none.
+const SCHEMA_VERSION: i64 = 11;
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS counters (

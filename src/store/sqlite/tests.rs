@@ -47,6 +47,7 @@ fn memory_db() -> Writer {
         hours_from: i64::MIN / 48,
         first_days: Vec::new(),
         first_days_wanted: Vec::new(),
+        trend: Vec::new(),
     }
 }
 

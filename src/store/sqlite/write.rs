@@ -185,6 +185,7 @@ impl<'h> Flush<'h> {
         let mut insert = None;
         let mut direct = None;
         let mut hours = None;
+        let mut trend = None;
         let mut pending = self.hot.pending();
         for t in &mut self.touched {
             // Loaded for a request that was then refused: nothing to write.
@@ -214,6 +215,7 @@ impl<'h> Flush<'h> {
                     )?;
                 }
                 write_hours(tx, &mut hours, t)?;
+                trend_recompute(tx, self.hot, &mut trend, t.entry.cid)?;
                 continue;
             }
             if t.entry.pending_seq == 0 {
@@ -226,6 +228,7 @@ impl<'h> Flush<'h> {
                     // Nothing of it is pending: its buckets are whole.
                     super::firstdays::recompute(tx, first_days, t.entry.cid)?;
                     write_hours(tx, &mut hours, t)?;
+                    trend_recompute(tx, self.hot, &mut trend, t.entry.cid)?;
                     t.direct = true;
                     continue;
                 }
@@ -590,6 +593,19 @@ impl<'c> NewRows<'c> {
             .map_err(sql("write::bucket"))?;
         Ok(())
     }
+}
+
+/// The kept trending bounds (`trendkeys`) of a counter whose rows the
+/// flush wrote whole (new, or direct); `trend` is the kept half-lives,
+/// read from memory once per flush that needs them.
+fn trend_recompute(
+    tx: &Connection,
+    hot: &hot::Shared,
+    trend: &mut Option<Vec<i64>>,
+    cid: i64,
+) -> Result<(), StoreError> {
+    let hls = trend.get_or_insert_with(|| hot.lock().trend.clone());
+    super::trendkeys::recompute(tx, hls, cid)
 }
 
 /// The statements that write counters directly (not logged), prepared
