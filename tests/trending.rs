@@ -281,3 +281,64 @@ async fn ties_come_out_by_uuid_and_another_pairs_many_counters_are_left_out() {
     assert_eq!(likes.json["counters"][0]["uuid"], "l0-0", "{}", likes.text);
     assert_eq!(likes.json["counters"][1]["uuid"], "l0-1", "{}", likes.text);
 }
+
+/// A store that keeps bounds for some half-lives (`--trending-half-lives`)
+/// answers every list, kept half-life or not, byte for byte as one that
+/// scans, over HTTP: increments and decrements over two weeks, categories,
+/// sizes, and the clock moved across midnight.
+#[tokio::test]
+async fn kept_half_lives_answer_as_the_scan() {
+    let hour = 3_600_000;
+    let kept = app_at_noon(Options {
+        trending_half_lives: vec![hour, 24 * hour, 7 * 24 * hour],
+        ..Options::default()
+    })
+    .await;
+    let scan = app_at_noon(Options::default()).await;
+    let t = noon();
+    // 60 targets; target i counts at hours spread over 16 days, some
+    // counts negative, every third in a category.
+    let mut writes = Vec::new();
+    for i in 0..60i64 {
+        for j in 0..(1 + i % 5) {
+            let ago = Duration::hours((i * 7 + j * 37) % (16 * 24));
+            let count = if (i + j) % 7 == 3 {
+                -(i % 4) - 1
+            } else {
+                1 + (i * j) % 9
+            };
+            let category = ["news", "sports", ""][(i % 3) as usize];
+            writes.push((format!("t{i:02}"), count, t - ago, category));
+        }
+    }
+    for app in [&kept, &scan] {
+        for (uuid, count, at, category) in &writes {
+            let c = (!category.is_empty()).then_some(*category);
+            count_at(app, uuid, *count, *at, c).await;
+        }
+    }
+    for step in 0..3 {
+        for query in [
+            "half_life=24h",
+            "half_life=24h&size=5",
+            "half_life=1h&size=3",
+            "half_life=7d&size=100",
+            "half_life=7d&category=news",
+            "half_life=24h&category=sports&size=2",
+            "half_life=3h",
+        ] {
+            let (a, b) = (trending(&kept, query).await, trending(&scan, query).await);
+            assert_eq!(a, b, "step {step}, {query}");
+            // At noon every list has counters to order (later, a 1h
+            // half-life reads only the last 20 hours, which hold none).
+            assert!(
+                step > 0 || !a["counters"].as_array().unwrap().is_empty(),
+                "{query}: {a}"
+            );
+        }
+        // Past midnight, then into the next afternoon.
+        for app in [&kept, &scan] {
+            app.options.clock.set(t + Duration::hours(13 * (step + 1)));
+        }
+    }
+}

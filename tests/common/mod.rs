@@ -61,6 +61,9 @@ pub struct Options {
     /// Serve the router alone, without the single increment's fast path
     /// in front of it (`tests/fast_path.rs` compares the two).
     pub router_only: bool,
+    /// `--trending-half-lives` (ms): the default store keeps trending
+    /// bounds for these.
+    pub trending_half_lives: Vec<i64>,
 }
 
 /// Body limit of the test apps.
@@ -91,6 +94,7 @@ impl Default for Options {
             write_keys_read_values: false,
             streams: Default::default(),
             router_only: false,
+            trending_half_lives: Vec::new(),
         }
     }
 }
@@ -183,6 +187,9 @@ impl TestApp {
         )
         .expect("open store");
         sqlite.set_hourly_retention(options.time_policy.hourly_retention_days);
+        sqlite
+            .set_trending_half_lives(&options.trending_half_lives)
+            .expect("trending bounds");
         let fsync_fault = sqlite.fsync_fault();
         let writer_sql = sqlite.writer_sql();
         let store: Arc<dyn Store> = wrap(Arc::new(sqlite));
