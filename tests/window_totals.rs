@@ -748,7 +748,7 @@ async fn a_schema_3_database_is_converted_at_open() {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 10, "the current schema");
+    assert_eq!(version, 11, "the current schema");
 }
 
 /// Over HTTP: a windowed top list past i64 answers 200 with the exact sum
