@@ -50,6 +50,15 @@ const ROLLUP_AGAIN: Duration = Duration::from_millis(20);
 /// them; flushes fold and write back themselves past their marks). The
 /// copy of the day after runs in every turn: it must be done by midnight.
 const ROLLUP_QUIET_MS: i64 = 1_000;
+/// Writing window totals back waits for a longer quiet than the fold: it
+/// empties memory, and every counter the next burst touches then enters
+/// it again (its kept rows read and deleted), which cost a gateway whose
+/// traffic paused for a second or more about a third of its single
+/// increments' throughput until the burst had touched its counters again
+/// (48-60k against 66-72k a second, scripts/bench/README.md). Memory
+/// stays bounded meanwhile: flushes write back past their marks, and a
+/// store dropped or closed writes back at once.
+const WRITE_BACK_QUIET_MS: i64 = 30_000;
 /// How long each turn may keep deleting expired idempotency ids, and day
 /// buckets past the retention: a flush waits at most this long for the writer.
 const EXPIRE_BUDGET: Duration = Duration::from_millis(20);
@@ -105,6 +114,9 @@ struct Quiet {
     today: i64,
     /// When the oldest kept id expires (`i64::MAX`: no id kept).
     expiry_due_ms: i64,
+    /// When memory's window totals are due to be written back, on the
+    /// store's monotonic milliseconds (`i64::MAX`: memory holds none).
+    write_back_due_ms: i64,
     since: Instant,
 }
 
@@ -317,7 +329,9 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
             nothing_to_do = false;
         }
     }
-    let busy = job.idle.quiet_for_ms() < ROLLUP_QUIET_MS;
+    let quiet_ms = job.idle.quiet_for_ms();
+    let busy = quiet_ms < ROLLUP_QUIET_MS;
+    let warm = quiet_ms < WRITE_BACK_QUIET_MS;
     let held = w.hooks.fold_held();
     // Bounded steps until the budget is spent; `true` when work is left.
     let mut run = |what: &str,
@@ -344,12 +358,12 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
         && run("the window totals' day work", &mut |w| {
             w.windows_step(today, !busy)
         });
-    // Once flushes pause: the change log folded, then the window totals
-    // memory holds written back, so that memory empties and reports find
-    // the log done.
+    // Once flushes pause: the change log folded, so that reports find the
+    // log done; once they stayed away for longer, the window totals memory
+    // holds written back, so that memory empties.
     if !busy && !held && !left {
         left = run("folding the change log", &mut |w| w.fold_step());
-        if !left {
+        if !left && !warm {
             left = run("writing window totals back", &mut |w| {
                 if w.write_back_bulk()? {
                     return Ok(true);
@@ -358,15 +372,21 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
             });
         }
     }
+    let mut write_back_due_ms = i64::MAX;
+    let (windows_held, windows_kept) = {
+        let memory = job.hot.lock();
+        (memory.windows.len(), memory.windows.state.is_some())
+    };
     if left {
         nothing_to_do = false;
         *hurry = !busy;
-    } else if job.hot.pending() > 0 || {
-        let held = job.hot.lock();
-        held.windows.len() > 0 || held.windows.state.is_none()
-    } {
+    } else if job.hot.pending() > 0 || !windows_kept || (windows_held > 0 && (held || !warm)) {
         // Left for when flushes pause (or the hold is released).
         nothing_to_do = false;
+    } else if windows_held > 0 {
+        // Only the write-back is left, and it waits for a longer quiet:
+        // no full turn until then, as for a store with nothing to do.
+        write_back_due_ms = write_ms.saturating_add(WRITE_BACK_QUIET_MS);
     }
     let conn = &mut w.conn;
     if !nothing_to_do {
@@ -382,6 +402,7 @@ fn work(job: &Job, w: &mut Writer, expired: &mut bool, hurry: &mut bool) -> Opti
         expiry_due_ms: oldest.map_or(i64::MAX, |o| {
             o.saturating_add(job.id_window_ms).saturating_add(1)
         }),
+        write_back_due_ms,
         since: Instant::now(),
     })
 }
@@ -396,6 +417,7 @@ impl Entry {
             && self.job.idle.last_write_ms() == q.write_ms
             && self.job.clock.today() == q.today
             && self.job.clock.now_ms() < q.expiry_due_ms
+            && self.job.idle.now_ms() < q.write_back_due_ms
     }
 
     /// Counts the kept ids (for `/metrics`) when a write or the expiry may
