@@ -7,6 +7,8 @@
 #   scripts/bench/profile.sh batch      # POST /v1/events x1000
 #   scripts/bench/profile.sh healthz
 #   DURATION=10 CONNECTIONS=256 PROFILE_FLAGS='--durability relaxed' scripts/bench/profile.sh
+#   PROFILE_BIN=/tmp/cg-base scripts/bench/profile.sh   # another build
+#   PAUSE=3 DURATION=3 scripts/bench/profile.sh         # a load that starts after 3 s of quiet
 #
 # The perf data, the stage table and a flat report stay in PROFILE_OUT.
 # Sampling (cpu-clock, 499 Hz, DWARF call graphs) costs the gateway a few
@@ -29,8 +31,12 @@ case $LOAD in
   *) echo "unknown load $LOAD (single, batch, healthz)" >&2; exit 2 ;;
 esac
 
-cargo build --release --locked --quiet
-BIN=target/release/counter-gateway
+if [ -n "${PROFILE_BIN:-}" ]; then
+  BIN=$PROFILE_BIN
+else
+  cargo build --release --locked --quiet
+  BIN=target/release/counter-gateway
+fi
 mkdir -p "$PROFILE_OUT"
 work=$(mktemp -d)
 gw=""
@@ -52,6 +58,8 @@ url=$base
 
 # Warm up (the keys exist, caches are full), then profile one load.
 wrk -t "$THREADS" -c "$CONNECTIONS" -d 3s "${script[@]}" "$url" >/dev/null
+# Traffic that pauses: what the background does once flushes stop.
+sleep "${PAUSE:-0}"
 ticks() { awk '{print $14 + $15}' "/proc/$gw/stat"; }
 before=$(ticks)
 perf record -q -F 499 -e cpu-clock --call-graph dwarf,16384 -p "$gw" -o "$PROFILE_OUT/perf.data" \
