@@ -12,25 +12,8 @@ cd "$(dirname "$0")/../.."
 
 DURATION=${DURATION:-2}
 ROUNDS=${ROUNDS:-4}
-if [ -n "${BENCH_BIN:-}" ]; then
-  BIN=$BENCH_BIN
-else
-  cargo build --release --locked --quiet
-  BIN=target/release/counter-gateway
-fi
-work=$(mktemp -d)
-gw=""
-cleanup() {
-  [ -n "$gw" ] && kill "$gw" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --data-dir "$work/data" >"$work/log" 2>&1 &
-gw=$!
-base="http://127.0.0.1:$port"
-for _ in $(seq 100); do curl -sf "$base/healthz" >/dev/null && break; sleep 0.1; done
+. scripts/bench/gateway.sh
+start_gateway "$work/log"
 
 single() {
   wrk -t 2 -c 256 -d "${DURATION}s" -s scripts/bench/increment.lua "$base" | awk '/Requests\/sec/ {printf " %.0f", $2}'

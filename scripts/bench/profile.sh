@@ -7,7 +7,7 @@
 #   scripts/bench/profile.sh batch      # POST /v1/events x1000
 #   scripts/bench/profile.sh healthz
 #   DURATION=10 CONNECTIONS=256 PROFILE_FLAGS='--durability relaxed' scripts/bench/profile.sh
-#   PROFILE_BIN=/tmp/cg-base scripts/bench/profile.sh   # another build
+#   BENCH_BIN=/tmp/cg-base scripts/bench/profile.sh     # another build
 #   PAUSE=3 DURATION=3 scripts/bench/profile.sh         # a load that starts after 3 s of quiet
 #
 # The perf data, the stage table and a flat report stay in PROFILE_OUT.
@@ -31,28 +31,9 @@ case $LOAD in
   *) echo "unknown load $LOAD (single, batch, healthz)" >&2; exit 2 ;;
 esac
 
-if [ -n "${PROFILE_BIN:-}" ]; then
-  BIN=$PROFILE_BIN
-else
-  cargo build --release --locked --quiet
-  BIN=target/release/counter-gateway
-fi
 mkdir -p "$PROFILE_OUT"
-work=$(mktemp -d)
-gw=""
-cleanup() {
-  [ -n "$gw" ] && kill "$gw" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-NO_COLOR=1 RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --data-dir "$work/data" "${flags[@]}" \
-  >"$PROFILE_OUT/gateway.log" 2>&1 &
-gw=$!
-base="http://127.0.0.1:$port"
-for _ in $(seq 100); do curl -sf "$base/healthz" >/dev/null && break; sleep 0.1; done
+. scripts/bench/gateway.sh
+start_gateway "$PROFILE_OUT/gateway.log" "${flags[@]}"
 url=$base
 [ "$LOAD" = healthz ] && url="$base/healthz"
 
